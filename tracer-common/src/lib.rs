@@ -1,0 +1,212 @@
+//! Types shared by tracerd's kernel programs (`tracer-ebpf`) and its daemon (`tracerd`).
+//!
+//! Everything here is `#[repr(C)]` and `no_std`: the kernel writes these bytes, the daemon reads
+//! them. Userspace-only impls (`aya::Pod`) sit behind the `user` feature.
+#![no_std]
+
+/// Block-layer events, in blktrace's letters. Used as indices into [`IoRecord::ts`].
+pub mod event {
+    /// `block_bio_queue`: a bio is queued on a device.
+    pub const Q: usize = 0;
+    /// `block_getrq`: a request is allocated for the bio.
+    pub const G: usize = 1;
+    /// `block_rq_insert`: the request enters the scheduler queue.
+    pub const I: usize = 2;
+    /// `block_rq_issue`: the request goes to the driver.
+    pub const D: usize = 3;
+    /// `block_rq_complete`: the request is fully done.
+    pub const C: usize = 4;
+    /// `block_bio_backmerge`/`frontmerge`: the bio joined an existing request.
+    pub const M: usize = 5;
+    pub const COUNT: usize = 6;
+}
+
+/// What one [`IoRecord`] describes.
+pub mod kind {
+    /// A completed request (Q, G, I, D, C as they fired).
+    pub const REQUEST: u8 = 1;
+    /// A bio merged into an existing request (Q and M).
+    pub const MERGE: u8 = 2;
+}
+
+/// Bits of [`IoRecord::flags`].
+pub mod flag {
+    /// The driver sent the request back at least once (`block_rq_requeue`).
+    pub const REQUEUED: u8 = 1 << 0;
+    /// The request carries a bio split off a larger one (`block_split`).
+    pub const SPLIT: u8 = 1 << 1;
+}
+
+/// Why an event was lost. Index into the kernel's per-CPU `LOST` counters; the daemon adds
+/// reasons of its own after [`lost::KERNEL_COUNT`].
+pub mod lost {
+    /// The ring buffer had no room for a record.
+    pub const RINGBUF_FULL: u32 = 0;
+    /// The in-flight bio map was full at `block_bio_queue`.
+    pub const BIO_MAP_FULL: u32 = 1;
+    /// The in-flight request map was full when a request was first seen.
+    pub const REQUEST_MAP_FULL: u32 = 2;
+    /// A request completed on a traced device without any recorded start.
+    pub const COMPLETE_WITHOUT_START: u32 = 3;
+    pub const KERNEL_COUNT: u32 = 4;
+}
+
+/// One record per completed request (or merged bio), written by the kernel into the ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IoRecord {
+    /// `bpf_ktime_get_ns` of each event (indexed by [`event`]); 0 = the event did not fire.
+    pub ts: [u64; event::COUNT],
+    /// First sector (512 bytes) on the whole disk.
+    pub sector: u64,
+    /// Whole disk the request ran on (kernel `dev_t`: major << 20 | minor); 0 for merges.
+    pub disk: u32,
+    /// Device the bio was queued on (a partition or the disk); 0 when no Q was seen.
+    pub dev: u32,
+    /// `cmd_flags` of the request (`bi_opf` of a merged bio): op in the low bits, then flags.
+    pub cmd_flags: u32,
+    /// Bytes transferred.
+    pub bytes: u32,
+    /// Requests in flight on the disk at issue, this one included; 0 if never issued.
+    pub queue_depth: u32,
+    /// Thread that queued the first bio; 0 when unknown.
+    pub pid: u32,
+    /// `blk_status_t` passed to `block_rq_complete`.
+    pub error: u32,
+    pub kind: u8,
+    pub flags: u8,
+    pub _pad: [u8; 2],
+    /// `comm` of the thread that queued the first bio; zeroes when unknown.
+    pub comm: [u8; 16],
+}
+
+/// A bio seen at Q and not yet turned into (or merged into) a request. Key: `struct bio *`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BioState {
+    pub queued_ns: u64,
+    pub getrq_ns: u64,
+    pub dev: u32,
+    pub pid: u32,
+    pub flags: u8,
+    pub _pad: [u8; 7],
+    pub comm: [u8; 16],
+}
+
+/// A request seen at I or D and not yet fully completed. Key: `struct request *`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RequestState {
+    pub record: IoRecord,
+    /// Set while the request counts towards its disk's queue depth.
+    pub issued: u8,
+    pub _pad: [u8; 7],
+}
+
+/// A traced device. Key: kernel `dev_t` of a disk or partition; inserted by the daemon.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DeviceState {
+    /// Requests issued to this disk and not yet completed (updated atomically).
+    pub in_flight: u32,
+    pub _pad: u32,
+}
+
+/// How to find the device of a bio.
+pub mod bio_dev_path {
+    /// `bio->bi_bdev->bd_dev` (5.12 and later).
+    pub const BDEV: u32 = 0;
+    /// `MKDEV(bio->bi_disk->major, bio->bi_disk->first_minor + bio->bi_partno)` (before 5.12).
+    pub const DISK_PARTNO: u32 = 1;
+}
+
+/// How to find the disk of a request.
+pub mod rq_disk_path {
+    /// `rq->q->disk` (5.17 and later).
+    pub const QUEUE: u32 = 0;
+    /// `rq->rq_disk` (before 5.17).
+    pub const RQ_DISK: u32 = 1;
+}
+
+/// Offsets (bytes) into kernel structs, read from the running kernel's BTF at start-up and
+/// written into the programs' read-only data before load. Never compiled-in constants.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelLayout {
+    pub bio_dev_path: u32,
+    pub bio_bi_bdev: u32,
+    pub bio_bi_disk: u32,
+    pub bio_bi_partno: u32,
+    pub bio_bi_opf: u32,
+    pub bio_bi_sector: u32,
+    pub bio_bi_size: u32,
+    pub bio_bi_private: u32,
+    pub bdev_bd_dev: u32,
+    pub rq_disk_path: u32,
+    pub rq_q: u32,
+    pub rq_rq_disk: u32,
+    pub rq_bio: u32,
+    pub rq_cmd_flags: u32,
+    pub rq_data_len: u32,
+    pub rq_sector: u32,
+    pub queue_disk: u32,
+    pub disk_major: u32,
+    pub disk_first_minor: u32,
+}
+
+impl KernelLayout {
+    pub const ZERO: KernelLayout = KernelLayout {
+        bio_dev_path: 0,
+        bio_bi_bdev: 0,
+        bio_bi_disk: 0,
+        bio_bi_partno: 0,
+        bio_bi_opf: 0,
+        bio_bi_sector: 0,
+        bio_bi_size: 0,
+        bio_bi_private: 0,
+        bdev_bd_dev: 0,
+        rq_disk_path: 0,
+        rq_q: 0,
+        rq_rq_disk: 0,
+        rq_bio: 0,
+        rq_cmd_flags: 0,
+        rq_data_len: 0,
+        rq_sector: 0,
+        queue_disk: 0,
+        disk_major: 0,
+        disk_first_minor: 0,
+    };
+}
+
+/// Map sizes; the daemon may override them at load time.
+pub mod limits {
+    /// Bios between Q and their request's first I/D (or a merge): a few per in-flight IO.
+    pub const MAX_BIOS: u32 = 65_536;
+    /// Requests between first I/D and full completion: bounded by the sum of queue depths.
+    pub const MAX_REQUESTS: u32 = 65_536;
+    /// Disks and partitions traced.
+    pub const MAX_DEVICES: u32 = 4_096;
+    /// Ring buffer bytes (a power of two, multiple of the page size).
+    pub const RINGBUF_BYTES: u32 = 8 << 20;
+}
+
+/// Names shared by the loader and the object: maps and the layout global.
+pub mod names {
+    pub const LAYOUT: &str = "LAYOUT";
+    pub const EVENTS: &str = "EVENTS";
+    pub const LOST: &str = "LOST";
+    pub const BIOS: &str = "BIOS";
+    pub const REQUESTS: &str = "REQUESTS";
+    pub const DEVICES: &str = "DEVICES";
+}
+
+#[cfg(feature = "user")]
+mod user {
+    use super::*;
+    // SAFETY: plain-old-data #[repr(C)] structs without padding holes that matter to the kernel.
+    unsafe impl aya::Pod for IoRecord {}
+    unsafe impl aya::Pod for BioState {}
+    unsafe impl aya::Pod for RequestState {}
+    unsafe impl aya::Pod for DeviceState {}
+    unsafe impl aya::Pod for KernelLayout {}
+}

@@ -1,0 +1,350 @@
+//! tracerd's kernel side: one small function per block-layer hook.
+//!
+//! Bios are tracked from Q until their request is first seen (I or D) or they merge; requests
+//! from then until they are fully complete, when one record goes to the ring buffer. Every
+//! failure path bumps a `LOST` counter. Struct offsets come from `LAYOUT`, which the daemon
+//! fills from the running kernel's BTF before load. Each hook is compiled once per argument
+//! position it has had across kernels (`*_a0`, `*_a1`, ...) and per attach type (tp_btf,
+//! raw_tp); the loader attaches the one variant that matches the running kernel.
+#![no_std]
+#![no_main]
+// The bpf target has no atomic types; the intrinsics lower to BPF atomic add (cpu v3).
+#![allow(internal_features)]
+#![feature(core_intrinsics)]
+
+use core::{
+    ffi::c_void,
+    intrinsics::{AtomicOrdering, atomic_xadd},
+    ptr::read_volatile,
+};
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
+    macros::{btf_tracepoint, map, raw_tracepoint},
+    maps::{HashMap, PerCpuArray, RingBuf},
+    programs::{BtfTracePointContext, RawTracePointContext},
+    EbpfContext,
+};
+use tracer_common::{
+    bio_dev_path, event, flag, kind, limits, lost, rq_disk_path, BioState, DeviceState, IoRecord,
+    KernelLayout, RequestState,
+};
+
+/// Struct offsets of the running kernel, written by the loader (read-only data).
+#[unsafe(no_mangle)]
+static LAYOUT: KernelLayout = KernelLayout::ZERO;
+
+/// Bios between Q and their request (or merge). Key: `struct bio *`.
+#[map]
+static BIOS: HashMap<u64, BioState> = HashMap::with_max_entries(limits::MAX_BIOS, 0);
+
+/// Requests between first I/D and full completion. Key: `struct request *`.
+#[map]
+static REQUESTS: HashMap<u64, RequestState> = HashMap::with_max_entries(limits::MAX_REQUESTS, 0);
+
+/// Traced disks and partitions, with each disk's in-flight count. Key: kernel `dev_t`.
+#[map]
+static DEVICES: HashMap<u32, DeviceState> = HashMap::with_max_entries(limits::MAX_DEVICES, 0);
+
+/// One `IoRecord` per completed request or merged bio.
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(limits::RINGBUF_BYTES, 0);
+
+/// Lost events per reason (`tracer_common::lost`), per CPU.
+#[map]
+static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(lost::KERNEL_COUNT, 0);
+
+#[inline(always)]
+fn layout() -> KernelLayout {
+    // SAFETY: a plain read of our own global; volatile so the loader's value is used.
+    unsafe { read_volatile(&LAYOUT) }
+}
+
+#[inline(always)]
+fn count_lost(reason: u32) {
+    if let Some(counter) = LOST.get_ptr_mut(reason) {
+        // SAFETY: per-CPU slot, no concurrent writer.
+        unsafe { *counter += 1 };
+    }
+}
+
+/// Reads a `T` at `base + offset` in kernel memory; zero if unreadable.
+#[inline(always)]
+fn read<T: Default>(base: u64, offset: u32) -> T {
+    // SAFETY: bpf_probe_read_kernel checks the address.
+    unsafe { bpf_probe_read_kernel((base + offset as u64) as *const T) }.unwrap_or_default()
+}
+
+/// Argument `N` of a tp_btf or raw_tp context (both are arrays of u64).
+#[inline(always)]
+fn arg<const N: usize>(ctx: *mut c_void) -> u64 {
+    // SAFETY: the loader only attaches a variant whose N is within the hook's arguments.
+    unsafe { *(ctx as *const u64).add(N) }
+}
+
+#[inline(always)]
+fn mkdev(major: u32, minor: u32) -> u32 {
+    (major << 20) | minor
+}
+
+fn bio_dev(l: &KernelLayout, bio: u64) -> u32 {
+    if l.bio_dev_path == bio_dev_path::DISK_PARTNO {
+        let disk: u64 = read(bio, l.bio_bi_disk);
+        let partno: u8 = read(bio, l.bio_bi_partno);
+        let major: u32 = read(disk, l.disk_major);
+        let minor: u32 = read(disk, l.disk_first_minor);
+        mkdev(major, minor + partno as u32)
+    } else {
+        let bdev: u64 = read(bio, l.bio_bi_bdev);
+        read(bdev, l.bdev_bd_dev)
+    }
+}
+
+fn rq_disk(l: &KernelLayout, rq: u64) -> u32 {
+    let disk: u64 = if l.rq_disk_path == rq_disk_path::RQ_DISK {
+        read(rq, l.rq_rq_disk)
+    } else {
+        let q: u64 = read(rq, l.rq_q);
+        read(q, l.queue_disk)
+    };
+    if disk == 0 {
+        return 0;
+    }
+    mkdev(read(disk, l.disk_major), read(disk, l.disk_first_minor))
+}
+
+fn is_traced(dev: u32) -> bool {
+    // SAFETY: read-only presence check.
+    unsafe { DEVICES.get(&dev) }.is_some()
+}
+
+fn on_bio_queue(bio: u64) {
+    let l = layout();
+    let dev = bio_dev(&l, bio);
+    if !is_traced(dev) {
+        return;
+    }
+    let state = BioState {
+        queued_ns: unsafe { bpf_ktime_get_ns() },
+        getrq_ns: 0,
+        dev,
+        pid: bpf_get_current_pid_tgid() as u32,
+        flags: 0,
+        _pad: [0; 7],
+        comm: bpf_get_current_comm().unwrap_or_default(),
+    };
+    if BIOS.insert(&bio, &state, 0).is_err() {
+        count_lost(lost::BIO_MAP_FULL);
+    }
+}
+
+fn on_getrq(bio: u64) {
+    if let Some(state) = BIOS.get_ptr_mut(&bio) {
+        // SAFETY: map value pointer from a successful lookup.
+        unsafe { (*state).getrq_ns = bpf_ktime_get_ns() };
+    }
+}
+
+fn on_split(bio: u64) {
+    // The split-off front part is chained to its parent: `bi_private` points at the parent bio.
+    let l = layout();
+    let parent: u64 = read(bio, l.bio_bi_private);
+    // SAFETY: copy out of a map value.
+    let Some(mut state) = (unsafe { BIOS.get(&parent) }).copied() else {
+        return;
+    };
+    state.flags |= flag::SPLIT;
+    if BIOS.insert(&bio, &state, 0).is_err() {
+        count_lost(lost::BIO_MAP_FULL);
+    }
+}
+
+fn on_bio_merge(bio: u64) {
+    // SAFETY: copy out of a map value.
+    let Some(state) = (unsafe { BIOS.get(&bio) }).copied() else {
+        return;
+    };
+    let _ = BIOS.remove(&bio);
+    let l = layout();
+    let Some(mut entry) = EVENTS.reserve::<IoRecord>(0) else {
+        count_lost(lost::RINGBUF_FULL);
+        return;
+    };
+    let mut rec = IoRecord {
+        kind: kind::MERGE,
+        flags: state.flags,
+        dev: state.dev,
+        cmd_flags: read(bio, l.bio_bi_opf),
+        bytes: read(bio, l.bio_bi_size),
+        sector: read(bio, l.bio_bi_sector),
+        pid: state.pid,
+        comm: state.comm,
+        ..IoRecord::default()
+    };
+    rec.ts[event::Q] = state.queued_ns;
+    rec.ts[event::M] = unsafe { bpf_ktime_get_ns() };
+    entry.write(rec);
+    entry.submit(0);
+}
+
+/// The request's state, created from its first bio's Q/G on first sight (I or D).
+fn request_state(rq: u64) -> Option<*mut RequestState> {
+    if let Some(state) = REQUESTS.get_ptr_mut(&rq) {
+        return Some(state);
+    }
+    let l = layout();
+    let disk = rq_disk(&l, rq);
+    if !is_traced(disk) {
+        return None;
+    }
+    let mut state = RequestState::default();
+    state.record.kind = kind::REQUEST;
+    state.record.disk = disk;
+    let bio: u64 = read(rq, l.rq_bio);
+    // SAFETY: copy out of a map value.
+    if let Some(b) = (unsafe { BIOS.get(&bio) }).copied() {
+        let _ = BIOS.remove(&bio);
+        state.record.ts[event::Q] = b.queued_ns;
+        state.record.ts[event::G] = b.getrq_ns;
+        state.record.dev = b.dev;
+        state.record.pid = b.pid;
+        state.record.comm = b.comm;
+        state.record.flags = b.flags;
+    }
+    if REQUESTS.insert(&rq, &state, 0).is_err() {
+        count_lost(lost::REQUEST_MAP_FULL);
+        return None;
+    }
+    REQUESTS.get_ptr_mut(&rq)
+}
+
+/// Adds `delta` to the disk's in-flight count and returns the new count (0 if untraced).
+fn add_in_flight(disk: u32, delta: i32) -> u32 {
+    let Some(dev) = DEVICES.get_ptr_mut(&disk) else {
+        return 0;
+    };
+    // SAFETY: map value pointer; CPUs issue concurrently, hence the atomic add. SeqCst, because
+    // LLVM 22's BPF backend lowers a Relaxed add to a non-fetching add and the old value is lost.
+    let old = unsafe {
+        atomic_xadd::<u32, u32, { AtomicOrdering::SeqCst }>(&raw mut (*dev).in_flight, delta as u32)
+    };
+    old.wrapping_add(delta as u32)
+}
+
+fn on_rq_insert(rq: u64) {
+    if let Some(state) = request_state(rq) {
+        unsafe { (*state).record.ts[event::I] = bpf_ktime_get_ns() };
+    }
+}
+
+fn on_rq_issue(rq: u64) {
+    let Some(state) = request_state(rq) else {
+        return;
+    };
+    let l = layout();
+    // SAFETY: map value pointer from a successful lookup.
+    let state = unsafe { &mut *state };
+    let rec = &mut state.record;
+    rec.ts[event::D] = unsafe { bpf_ktime_get_ns() };
+    rec.cmd_flags = read(rq, l.rq_cmd_flags);
+    rec.bytes = read(rq, l.rq_data_len);
+    rec.sector = read(rq, l.rq_sector);
+    if state.issued == 0 {
+        rec.queue_depth = add_in_flight(rec.disk, 1);
+        state.issued = 1;
+    }
+}
+
+fn on_rq_requeue(rq: u64) {
+    let Some(state) = REQUESTS.get_ptr_mut(&rq) else {
+        return;
+    };
+    // SAFETY: map value pointer from a successful lookup.
+    let state = unsafe { &mut *state };
+    if state.issued != 0 {
+        add_in_flight(state.record.disk, -1);
+        state.issued = 0;
+    }
+    state.record.ts[event::D] = 0;
+    state.record.flags |= flag::REQUEUED;
+}
+
+fn on_rq_complete(rq: u64, error: u32, nr_bytes: u32) {
+    let l = layout();
+    let Some(state) = REQUESTS.get_ptr_mut(&rq) else {
+        if is_traced(rq_disk(&l, rq)) {
+            count_lost(lost::COMPLETE_WITHOUT_START);
+        }
+        return;
+    };
+    // A partial completion leaves bytes behind: the request is done when none remain.
+    let remaining: u32 = read(rq, l.rq_data_len);
+    if nr_bytes < remaining {
+        return;
+    }
+    // SAFETY: map value pointer from a successful lookup.
+    let state = unsafe { &mut *state };
+    if state.issued != 0 {
+        add_in_flight(state.record.disk, -1);
+    }
+    match EVENTS.reserve::<IoRecord>(0) {
+        Some(mut entry) => {
+            let mut rec = state.record;
+            rec.ts[event::C] = unsafe { bpf_ktime_get_ns() };
+            rec.error = error;
+            entry.write(rec);
+            entry.submit(0);
+        }
+        None => count_lost(lost::RINGBUF_FULL),
+    }
+    let _ = REQUESTS.remove(&rq);
+}
+
+/// Defines one tp_btf and one raw_tp program for a hook with its pointer argument at `$n`.
+macro_rules! hook {
+    ($tp:literal, $btf_name:ident, $raw_name:ident, $n:literal, |$ctx:ident| $body:expr) => {
+        #[btf_tracepoint(function = $tp)]
+        pub fn $btf_name(c: BtfTracePointContext) -> i32 {
+            let $ctx = c.as_ptr();
+            $body;
+            0
+        }
+        #[raw_tracepoint(tracepoint = $tp)]
+        pub fn $raw_name(c: RawTracePointContext) -> i32 {
+            let $ctx = c.as_ptr();
+            $body;
+            0
+        }
+    };
+}
+
+// Since 5.11 the pointer is the first argument; before, a `request_queue *` came first.
+hook!("block_bio_queue", btf_bio_queue_a0, raw_bio_queue_a0, 0, |c| on_bio_queue(arg::<0>(c)));
+hook!("block_bio_queue", btf_bio_queue_a1, raw_bio_queue_a1, 1, |c| on_bio_queue(arg::<1>(c)));
+hook!("block_getrq", btf_getrq_a0, raw_getrq_a0, 0, |c| on_getrq(arg::<0>(c)));
+hook!("block_getrq", btf_getrq_a1, raw_getrq_a1, 1, |c| on_getrq(arg::<1>(c)));
+hook!("block_split", btf_split_a0, raw_split_a0, 0, |c| on_split(arg::<0>(c)));
+hook!("block_split", btf_split_a1, raw_split_a1, 1, |c| on_split(arg::<1>(c)));
+// Before 5.11 merges were (q, rq, bio).
+hook!("block_bio_backmerge", btf_backmerge_a0, raw_backmerge_a0, 0, |c| on_bio_merge(arg::<0>(c)));
+hook!("block_bio_backmerge", btf_backmerge_a2, raw_backmerge_a2, 2, |c| on_bio_merge(arg::<2>(c)));
+hook!("block_bio_frontmerge", btf_frontmerge_a0, raw_frontmerge_a0, 0, |c| on_bio_merge(arg::<0>(c)));
+hook!("block_bio_frontmerge", btf_frontmerge_a2, raw_frontmerge_a2, 2, |c| on_bio_merge(arg::<2>(c)));
+hook!("block_rq_insert", btf_rq_insert_a0, raw_rq_insert_a0, 0, |c| on_rq_insert(arg::<0>(c)));
+hook!("block_rq_insert", btf_rq_insert_a1, raw_rq_insert_a1, 1, |c| on_rq_insert(arg::<1>(c)));
+hook!("block_rq_issue", btf_rq_issue_a0, raw_rq_issue_a0, 0, |c| on_rq_issue(arg::<0>(c)));
+hook!("block_rq_issue", btf_rq_issue_a1, raw_rq_issue_a1, 1, |c| on_rq_issue(arg::<1>(c)));
+hook!("block_rq_requeue", btf_rq_requeue_a0, raw_rq_requeue_a0, 0, |c| on_rq_requeue(arg::<0>(c)));
+hook!("block_rq_requeue", btf_rq_requeue_a1, raw_rq_requeue_a1, 1, |c| on_rq_requeue(arg::<1>(c)));
+// (rq, error, nr_bytes) on every kernel tracerd supports.
+hook!("block_rq_complete", btf_rq_complete_a0, raw_rq_complete_a0, 0, |c| on_rq_complete(
+    arg::<0>(c),
+    arg::<1>(c) as u32,
+    arg::<2>(c) as u32
+));
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}

@@ -1,0 +1,213 @@
+//! Per (device, op) aggregation of records into HdrHistograms, one per stage.
+//! Histograms are created on first use, so memory follows the stages a device really has.
+
+use std::collections::{BTreeMap, HashMap};
+
+use hdrhistogram::Histogram;
+use tracer_common::{kind, lost, IoRecord};
+
+use crate::{op::Op, stage::Stage};
+
+/// Histogram range: 100 ns to 60 s at 3 significant digits.
+pub const LOWEST_NS: u64 = 100;
+pub const HIGHEST_NS: u64 = 60_000_000_000;
+pub const SIGFIG: u8 = 3;
+
+/// One stage's latency distribution, with the exact sum kept beside it.
+#[derive(Clone, Debug)]
+pub struct StageHist {
+    pub hist: Histogram<u64>,
+    pub sum_ns: u64,
+}
+
+impl StageHist {
+    fn new() -> Box<StageHist> {
+        let hist = Histogram::new_with_bounds(LOWEST_NS, HIGHEST_NS, SIGFIG).expect("valid bounds");
+        Box::new(StageHist { hist, sum_ns: 0 })
+    }
+
+    fn record(&mut self, ns: u64) {
+        // Beyond 60 s is clamped to the top bucket; that is what the range documents.
+        self.hist.saturating_record(ns);
+        self.sum_ns += ns;
+    }
+
+    pub fn count(&self) -> u64 {
+        self.hist.len()
+    }
+}
+
+pub type Stages = [Option<Box<StageHist>>; Stage::COUNT];
+
+fn record_stage(stages: &mut Stages, stage: Stage, ns: u64) {
+    stages[stage.index()].get_or_insert_with(StageHist::new).record(ns);
+}
+
+/// Everything known about one (device, op) series.
+#[derive(Clone, Debug)]
+pub struct OpStats {
+    /// Completed requests.
+    pub requests: u64,
+    pub bytes: u64,
+    /// Bios merged into another request (counted in Q2M, not in `requests`).
+    pub merged_bios: u64,
+    /// Requests completed with a non-zero `blk_status_t`.
+    pub errors: u64,
+    pub stages: Stages,
+    /// Requests per event path, indexed by the bitmask of events that fired.
+    pub paths: [u64; 64],
+    /// Stages per queue depth at issue (only when enabled).
+    pub by_qd: BTreeMap<u32, Stages>,
+}
+
+impl Default for OpStats {
+    fn default() -> Self {
+        OpStats {
+            requests: 0,
+            bytes: 0,
+            merged_bios: 0,
+            errors: 0,
+            stages: Default::default(),
+            paths: [0; 64],
+            by_qd: BTreeMap::new(),
+        }
+    }
+}
+
+impl OpStats {
+    pub fn stage(&self, stage: Stage) -> Option<&StageHist> {
+        self.stages[stage.index()].as_deref()
+    }
+}
+
+/// Bitmask of the events a record has (bit = `tracer_common::event` index).
+pub fn path_mask(rec: &IoRecord) -> usize {
+    rec.ts.iter().enumerate().filter(|(_, t)| **t != 0).fold(0, |m, (i, _)| m | 1 << i)
+}
+
+/// Lost events by reason: the kernel's counters plus the daemon's own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Lost {
+    pub kernel: [u64; lost::KERNEL_COUNT as usize],
+    pub stale_bio: u64,
+    pub stale_request: u64,
+    pub decode_error: u64,
+}
+
+impl Lost {
+    pub fn reasons(&self) -> [(&'static str, u64); 7] {
+        [
+            ("ringbuf_full", self.kernel[lost::RINGBUF_FULL as usize]),
+            ("bio_map_full", self.kernel[lost::BIO_MAP_FULL as usize]),
+            ("request_map_full", self.kernel[lost::REQUEST_MAP_FULL as usize]),
+            ("complete_without_start", self.kernel[lost::COMPLETE_WITHOUT_START as usize]),
+            ("stale_bio", self.stale_bio),
+            ("stale_request", self.stale_request),
+            ("decode_error", self.decode_error),
+        ]
+    }
+
+    /// What was lost since `base` (the counters at the start of a capture).
+    pub fn since(&self, base: &Lost) -> Lost {
+        let mut d = *self;
+        for (a, b) in d.kernel.iter_mut().zip(base.kernel) {
+            *a = a.saturating_sub(b);
+        }
+        d.stale_bio = d.stale_bio.saturating_sub(base.stale_bio);
+        d.stale_request = d.stale_request.saturating_sub(base.stale_request);
+        d.decode_error = d.decode_error.saturating_sub(base.decode_error);
+        d
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Aggregator {
+    pub by_qd: bool,
+    pub series: HashMap<(u32, Op), OpStats>,
+    /// Device names, taken when a device is first seen (they outlive the device in sysfs).
+    pub names: HashMap<u32, String>,
+    pub lost: Lost,
+}
+
+impl Aggregator {
+    pub fn new(by_qd: bool) -> Aggregator {
+        Aggregator { by_qd, ..Default::default() }
+    }
+
+    /// Adds one record for the traced device `dev`; `name` is asked once per new device.
+    pub fn add(&mut self, dev: u32, op: Op, rec: &IoRecord, name: impl FnOnce() -> String) {
+        if !self.names.contains_key(&dev) {
+            self.names.insert(dev, name());
+        }
+        let by_qd = self.by_qd;
+        let stats = self.series.entry((dev, op)).or_default();
+        if rec.kind == kind::MERGE {
+            stats.merged_bios += 1;
+        } else {
+            stats.requests += 1;
+            stats.bytes += rec.bytes as u64;
+            stats.errors += (rec.error != 0) as u64;
+            stats.paths[path_mask(rec)] += 1;
+        }
+        Stage::each_of(rec, |stage, ns| record_stage(&mut stats.stages, stage, ns));
+        if by_qd && rec.queue_depth != 0 {
+            let per_qd = stats.by_qd.entry(rec.queue_depth).or_default();
+            Stage::each_of(rec, |stage, ns| record_stage(per_qd, stage, ns));
+        }
+    }
+
+    pub fn name(&self, dev: u32) -> &str {
+        self.names.get(&dev).map_or("?", String::as_str)
+    }
+
+    /// Series sorted by device name then op, for stable output.
+    pub fn sorted(&self) -> Vec<(&str, Op, &OpStats)> {
+        let mut v: Vec<_> = self.series.iter().map(|(&(dev, op), s)| (self.name(dev), op, s)).collect();
+        v.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracer_common::event;
+
+    fn request(q: u64, d: u64, c: u64, bytes: u32, qd: u32) -> IoRecord {
+        let mut r = IoRecord { kind: kind::REQUEST, bytes, queue_depth: qd, ..Default::default() };
+        (r.ts[event::Q], r.ts[event::G], r.ts[event::D], r.ts[event::C]) = (q, q + 100, d, c);
+        r
+    }
+
+    #[test]
+    fn counts_bytes_stages_and_paths() {
+        let mut a = Aggregator::new(true);
+        a.add(1, Op::Read, &request(1000, 5000, 105_000, 4096, 1), || "loop0".into());
+        a.add(1, Op::Read, &request(1000, 5000, 205_000, 4096, 2), || unreachable!());
+        let mut merge = IoRecord { kind: kind::MERGE, bytes: 512, ..Default::default() };
+        (merge.ts[event::Q], merge.ts[event::M]) = (10, 2010);
+        a.add(1, Op::Read, &merge, || unreachable!());
+        assert_eq!(a.name(1), "loop0");
+        let s = &a.series[&(1, Op::Read)];
+        assert_eq!((s.requests, s.bytes, s.merged_bios), (2, 8192, 1));
+        assert_eq!(s.stage(Stage::D2c).unwrap().count(), 2);
+        assert_eq!(s.stage(Stage::D2c).unwrap().sum_ns, 300_000);
+        assert_eq!(s.stage(Stage::Q2m).unwrap().count(), 1);
+        assert!(s.stage(Stage::G2i).is_none(), "no I fired, so no G2I");
+        assert_eq!(s.stage(Stage::G2d).unwrap().count(), 2);
+        assert_eq!(s.paths[0b11011], 2);
+        assert_eq!(s.by_qd.len(), 2);
+        let max = s.by_qd[&2][Stage::D2c.index()].as_ref().unwrap().hist.max();
+        assert!(max.abs_diff(200_000) <= 200, "3 significant digits: {max}");
+    }
+
+    #[test]
+    fn lost_since_a_baseline() {
+        let base = Lost { kernel: [1, 0, 0, 2], stale_bio: 1, ..Default::default() };
+        let now = Lost { kernel: [5, 0, 1, 2], stale_bio: 3, ..Default::default() };
+        let d = now.since(&base);
+        assert_eq!(d.reasons()[0], ("ringbuf_full", 4));
+        assert_eq!(d.reasons()[2], ("request_map_full", 1));
+        assert_eq!(d.reasons()[4], ("stale_bio", 2));
+    }
+}

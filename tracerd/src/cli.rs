@@ -1,0 +1,116 @@
+//! Command line (clap). Every subcommand's help ends with an example.
+
+use std::net::SocketAddr;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9560";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "tracerd",
+    version,
+    about = "eBPF block-layer latency tracer: times every IO through Q, G, I, D, C per device",
+    long_about = None,
+    after_help = "Examples:\n  sudo tracerd run                      # agent: /metrics on 127.0.0.1:9560\n  sudo tracerd report --duration 10     # btt-style tables for every device\n  sudo tracerd snoop --device nvme0n1   # one line per IO"
+)]
+pub struct Cli {
+    /// Log level (error, warn, info, debug, trace); RUST_LOG overrides.
+    #[arg(long, global = true, default_value = "info")]
+    pub log_level: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct TraceArgs {
+    /// Trace only this block device (kernel name: loop0, nvme0n1, sda1); repeatable.
+    /// Without it, every block device is traced.
+    #[arg(long = "device", short = 'd', value_name = "NAME")]
+    pub devices: Vec<String>,
+    /// Kernel ring buffer size in bytes (a power of two, at least one page).
+    #[arg(long, value_name = "BYTES", value_parser = parse_ring_size)]
+    pub ring_buffer_bytes: Option<u32>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run as an agent: trace until SIGINT/SIGTERM, serve Prometheus metrics.
+    #[command(after_help = "Example:\n  sudo tracerd run --listen 127.0.0.1:9560\n  curl -s 127.0.0.1:9560/metrics | grep tracerd_io_stage_seconds_count")]
+    Run {
+        /// Address for /metrics and /healthz (loopback by default).
+        #[arg(long, default_value = DEFAULT_LISTEN, value_name = "ADDR:PORT")]
+        listen: SocketAddr,
+        #[command(flatten)]
+        trace: TraceArgs,
+    },
+    /// Capture for a while, then print per-device, per-operation stage tables.
+    #[command(after_help = "Examples:\n  sudo tracerd report --duration 10\n  sudo tracerd report --device nvme0n1 --by qd\n  sudo tracerd report --duration 5 --json > capture.json")]
+    Report {
+        /// Capture length in seconds (SIGINT ends it early and still reports).
+        #[arg(long, default_value_t = 10.0, value_name = "SECS", value_parser = parse_duration)]
+        duration: f64,
+        /// Print JSON (schema in the README) instead of tables.
+        #[arg(long)]
+        json: bool,
+        /// Split each table by this dimension.
+        #[arg(long, value_enum)]
+        by: Option<By>,
+        #[command(flatten)]
+        trace: TraceArgs,
+    },
+    /// Print one line per IO as it completes.
+    #[command(after_help = "Examples:\n  sudo tracerd snoop --device loop0\n  sudo tracerd snoop --json --duration 5 > ios.jsonl")]
+    Snoop {
+        /// JSON lines instead of columns.
+        #[arg(long)]
+        json: bool,
+        /// Stop after this many seconds (default: until SIGINT).
+        #[arg(long, value_name = "SECS", value_parser = parse_duration)]
+        duration: Option<f64>,
+        #[command(flatten)]
+        trace: TraceArgs,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum By {
+    /// Queue depth of the device when the request was issued.
+    Qd,
+}
+
+fn parse_duration(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("'{s}' is not a positive number of seconds")),
+    }
+}
+
+fn parse_ring_size(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(v) if v >= 4096 && v.is_power_of_two() => Ok(v),
+        _ => Err(format!("'{s}' must be a power of two of at least 4096 bytes")),
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent_and_validates() {
+        Cli::command().debug_assert();
+        assert!(Cli::try_parse_from(["tracerd", "report", "--duration", "0"]).is_err());
+        assert!(Cli::try_parse_from(["tracerd", "run", "--ring-buffer-bytes", "5000"]).is_err());
+        let cli = Cli::try_parse_from(["tracerd", "report", "-d", "loop0", "--device", "loop1", "--by", "qd"]).unwrap();
+        match cli.command {
+            Command::Report { trace, by, .. } => {
+                assert_eq!(trace.devices, vec!["loop0", "loop1"]);
+                assert_eq!(by, Some(By::Qd));
+            }
+            _ => panic!("wrong subcommand"),
+        }
+    }
+}

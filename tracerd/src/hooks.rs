@@ -1,0 +1,160 @@
+//! The block-layer hooks tracerd attaches, and how each is matched to the running kernel:
+//! the tracepoint's argument list in BTF says which compiled variant to load, and tp_btf is
+//! tried before raw_tp.
+
+use aya::{
+    programs::{BtfTracePoint, RawTracePoint},
+    Btf as AyaBtf, Ebpf,
+};
+use serde::Serialize;
+
+use crate::btf::Btf;
+
+pub struct Hook {
+    pub tracepoint: &'static str,
+    /// Program name stem in the object (`btf_<stem>_a<N>`, `raw_<stem>_a<N>`).
+    stem: &'static str,
+    /// The struct whose pointer the program reads.
+    pointer: &'static str,
+    /// Argument positions compiled into the object.
+    variants: &'static [usize],
+    /// Without it nothing can be timed.
+    pub required: bool,
+}
+
+pub const HOOKS: &[Hook] = &[
+    Hook { tracepoint: "block_bio_queue", stem: "bio_queue", pointer: "bio", variants: &[0, 1], required: false },
+    Hook { tracepoint: "block_getrq", stem: "getrq", pointer: "bio", variants: &[0, 1], required: false },
+    Hook { tracepoint: "block_split", stem: "split", pointer: "bio", variants: &[0, 1], required: false },
+    Hook { tracepoint: "block_bio_backmerge", stem: "backmerge", pointer: "bio", variants: &[0, 2], required: false },
+    Hook { tracepoint: "block_bio_frontmerge", stem: "frontmerge", pointer: "bio", variants: &[0, 2], required: false },
+    Hook { tracepoint: "block_rq_insert", stem: "rq_insert", pointer: "request", variants: &[0, 1], required: false },
+    Hook { tracepoint: "block_rq_issue", stem: "rq_issue", pointer: "request", variants: &[0, 1], required: true },
+    Hook { tracepoint: "block_rq_requeue", stem: "rq_requeue", pointer: "request", variants: &[0, 1], required: false },
+    Hook { tracepoint: "block_rq_complete", stem: "rq_complete", pointer: "request", variants: &[0], required: true },
+];
+
+/// How a hook ended up: attached (and how), or skipped (and why).
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct HookStatus {
+    pub hook: &'static str,
+    /// "tp_btf" or "raw_tp" when attached.
+    pub attach_type: Option<&'static str>,
+    /// Program name in the kernel (for finding it in `bpftool prog`).
+    pub program: Option<String>,
+    /// Why it was skipped, or why tp_btf fell back to raw_tp.
+    pub reason: Option<String>,
+}
+
+impl HookStatus {
+    pub fn attached(&self) -> bool {
+        self.attach_type.is_some()
+    }
+}
+
+impl Hook {
+    /// Which compiled variant fits this kernel's tracepoint arguments.
+    pub fn variant(&self, btf: &Btf) -> Result<usize, String> {
+        let args = btf
+            .tracepoint_args(self.tracepoint)
+            .ok_or_else(|| format!("tracepoint {} is not in this kernel", self.tracepoint))?;
+        let pos = args.iter().position(|a| a == self.pointer).ok_or_else(|| {
+            format!("tracepoint {} has no struct {} * argument ({args:?})", self.tracepoint, self.pointer)
+        })?;
+        if self.variants.contains(&pos) {
+            Ok(pos)
+        } else {
+            Err(format!("tracepoint {} has struct {} * at argument {pos}, which tracerd was not built for", self.tracepoint, self.pointer))
+        }
+    }
+
+    /// Loads and attaches this hook; the link lives as long as `ebpf`.
+    pub fn attach(&self, ebpf: &mut Ebpf, btf: &Btf, aya_btf: Option<&AyaBtf>) -> HookStatus {
+        let mut status = HookStatus { hook: self.tracepoint, attach_type: None, program: None, reason: None };
+        let n = match self.variant(btf) {
+            Ok(n) => n,
+            Err(reason) => {
+                status.reason = Some(reason);
+                return status;
+            }
+        };
+        let mut tp_btf_error = None;
+        if let Some(aya_btf) = aya_btf {
+            let name = format!("btf_{}_a{n}", self.stem);
+            match attach_tp_btf(ebpf, &name, self.tracepoint, aya_btf) {
+                Ok(()) => {
+                    status.attach_type = Some("tp_btf");
+                    status.program = Some(name);
+                    return status;
+                }
+                Err(e) => tp_btf_error = Some(format!("tp_btf failed ({e}), using raw_tp")),
+            }
+        }
+        let name = format!("raw_{}_a{n}", self.stem);
+        match attach_raw_tp(ebpf, &name, self.tracepoint) {
+            Ok(()) => {
+                status.attach_type = Some("raw_tp");
+                status.program = Some(name);
+                status.reason = tp_btf_error;
+            }
+            Err(e) => {
+                status.reason = Some(match tp_btf_error {
+                    Some(t) => format!("{t}; raw_tp failed too: {e}"),
+                    None => format!("raw_tp failed: {e}"),
+                })
+            }
+        }
+        status
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+fn attach_tp_btf(ebpf: &mut Ebpf, name: &str, tp: &str, btf: &AyaBtf) -> Result<(), String> {
+    let prog = ebpf.program_mut(name).ok_or_else(|| format!("program {name} missing from the object"))?;
+    let prog: &mut BtfTracePoint = prog.try_into().map_err(|e| error_chain(&e))?;
+    prog.load(tp, btf).map_err(|e| error_chain(&e))?;
+    prog.attach().map_err(|e| error_chain(&e))?;
+    Ok(())
+}
+
+fn attach_raw_tp(ebpf: &mut Ebpf, name: &str, tp: &str) -> Result<(), String> {
+    let prog = ebpf.program_mut(name).ok_or_else(|| format!("program {name} missing from the object"))?;
+    let prog: &mut RawTracePoint = prog.try_into().map_err(|e| error_chain(&e))?;
+    prog.load().map_err(|e| error_chain(&e))?;
+    prog.attach(tp).map_err(|e| error_chain(&e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::btf::tests::Builder;
+
+    #[test]
+    fn variants_follow_the_kernel_arity() {
+        let mut b = Builder::new();
+        let (q, rq, bio) = (b.fwd("request_queue"), b.fwd("request"), b.fwd("bio"));
+        let (qp, rqp, biop) = (b.ptr(q), b.ptr(rq), b.ptr(bio));
+        b.tracepoint("block_rq_issue", &[rqp]); // 5.11+
+        b.tracepoint("block_rq_insert", &[qp, rqp]); // before 5.11
+        b.tracepoint("block_bio_backmerge", &[qp, rqp, biop]); // before 5.11
+        b.tracepoint("block_getrq", &[qp]); // nonsense: no bio
+        let btf = Btf::parse(&b.build()).unwrap();
+        let hook = |tp: &str| HOOKS.iter().find(|h| h.tracepoint == tp).unwrap();
+        assert_eq!(hook("block_rq_issue").variant(&btf), Ok(0));
+        assert_eq!(hook("block_rq_insert").variant(&btf), Ok(1));
+        assert_eq!(hook("block_bio_backmerge").variant(&btf), Ok(2));
+        assert!(hook("block_getrq").variant(&btf).unwrap_err().contains("no struct bio"));
+        assert!(hook("block_split").variant(&btf).unwrap_err().contains("not in this kernel"));
+    }
+}

@@ -1,0 +1,119 @@
+//! The running kernel's struct layout, read from BTF at start-up and handed to the programs.
+//! Each kernel difference is one named choice here, never a constant for one kernel.
+
+use anyhow::{Context, Result};
+use tracer_common::{bio_dev_path, rq_disk_path, KernelLayout};
+
+use crate::btf::Btf;
+
+/// Resolves every offset the kernel programs read.
+pub fn resolve(btf: &Btf) -> Result<KernelLayout> {
+    let off = |s: &str, path: &[&str]| {
+        btf.member_offset(s, path).with_context(|| {
+            format!("cannot trace this kernel: struct {s} lacks {} in its BTF", path.join("."))
+        })
+    };
+    let mut l = KernelLayout {
+        bio_bi_opf: off("bio", &["bi_opf"])?,
+        bio_bi_sector: off("bio", &["bi_iter", "bi_sector"])?,
+        bio_bi_size: off("bio", &["bi_iter", "bi_size"])?,
+        bio_bi_private: off("bio", &["bi_private"])?,
+        rq_bio: off("request", &["bio"])?,
+        rq_cmd_flags: off("request", &["cmd_flags"])?,
+        rq_data_len: off("request", &["__data_len"])?,
+        rq_sector: off("request", &["__sector"])?,
+        rq_q: off("request", &["q"])?,
+        disk_major: off("gendisk", &["major"])?,
+        disk_first_minor: off("gendisk", &["first_minor"])?,
+        ..KernelLayout::ZERO
+    };
+    // 5.12 moved bio->bi_disk/bi_partno to bio->bi_bdev.
+    if btf.has_member("bio", "bi_bdev") {
+        l.bio_dev_path = bio_dev_path::BDEV;
+        l.bio_bi_bdev = off("bio", &["bi_bdev"])?;
+        l.bdev_bd_dev = off("block_device", &["bd_dev"])?;
+    } else {
+        l.bio_dev_path = bio_dev_path::DISK_PARTNO;
+        l.bio_bi_disk = off("bio", &["bi_disk"])?;
+        l.bio_bi_partno = off("bio", &["bi_partno"])?;
+    }
+    // 5.17 dropped rq->rq_disk in favour of rq->q->disk.
+    if btf.has_member("request", "rq_disk") {
+        l.rq_disk_path = rq_disk_path::RQ_DISK;
+        l.rq_rq_disk = off("request", &["rq_disk"])?;
+    } else {
+        l.rq_disk_path = rq_disk_path::QUEUE;
+        l.queue_disk = off("request_queue", &["disk"])?;
+    }
+    Ok(l)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::btf::tests::Builder;
+
+    fn kernel(new_style: bool) -> Btf {
+        let mut b = Builder::new();
+        let u32t = b.int("unsigned int", 4);
+        let u64t = b.int("long long unsigned int", 8);
+        let iter = b.strukt("bvec_iter", 4, 16, &[("bi_sector", u64t, 0), ("bi_size", u32t, 8)]);
+        b.strukt("gendisk", 4, 64, &[("major", u32t, 0), ("first_minor", u32t, 4)]);
+        b.strukt("block_device", 4, 64, &[("bd_start_sect", u64t, 0), ("bd_dev", u32t, 12)]);
+        let dev_member = if new_style { "bi_bdev" } else { "bi_disk" };
+        b.strukt(
+            "bio",
+            4,
+            128,
+            &[
+                (dev_member, u64t, 8),
+                ("bi_partno", u32t, 16),
+                ("bi_opf", u32t, 20),
+                ("bi_iter", iter, 32),
+                ("bi_private", u64t, 64),
+            ],
+        );
+        b.strukt("request_queue", 4, 64, &[("disk", u64t, 40)]);
+        let mut rq = vec![
+            ("q", u64t, 0),
+            ("cmd_flags", u32t, 24),
+            ("__data_len", u32t, 44),
+            ("__sector", u64t, 48),
+            ("bio", u64t, 56),
+        ];
+        if !new_style {
+            rq.push(("rq_disk", u64t, 96));
+        }
+        b.strukt("request", 4, 128, &rq);
+        Btf::parse(&b.build()).unwrap()
+    }
+
+    #[test]
+    fn new_kernels_use_bdev_and_queue_disk() {
+        let l = resolve(&kernel(true)).unwrap();
+        assert_eq!(l.bio_dev_path, bio_dev_path::BDEV);
+        assert_eq!((l.bio_bi_bdev, l.bdev_bd_dev), (8, 12));
+        assert_eq!(l.rq_disk_path, rq_disk_path::QUEUE);
+        assert_eq!(l.queue_disk, 40);
+        assert_eq!((l.bio_bi_sector, l.bio_bi_size, l.bio_bi_private), (32, 40, 64));
+        assert_eq!((l.rq_cmd_flags, l.rq_data_len, l.rq_sector, l.rq_bio), (24, 44, 48, 56));
+    }
+
+    #[test]
+    fn old_kernels_use_bi_disk_and_rq_disk() {
+        let l = resolve(&kernel(false)).unwrap();
+        assert_eq!(l.bio_dev_path, bio_dev_path::DISK_PARTNO);
+        assert_eq!((l.bio_bi_disk, l.bio_bi_partno), (8, 16));
+        assert_eq!(l.rq_disk_path, rq_disk_path::RQ_DISK);
+        assert_eq!(l.rq_rq_disk, 96);
+    }
+
+    #[test]
+    fn a_missing_member_says_which() {
+        let mut b = Builder::new();
+        let u32t = b.int("unsigned int", 4);
+        b.strukt("bio", 4, 8, &[("bi_opf", u32t, 0)]);
+        let err = resolve(&Btf::parse(&b.build()).unwrap()).unwrap_err();
+        assert!(format!("{err:#}").contains("struct bio lacks bi_iter.bi_sector"), "{err:#}");
+    }
+}

@@ -1,0 +1,60 @@
+//! tracerd: an eBPF block-layer latency tracer. See README.md.
+
+mod aggregate;
+mod btf;
+mod cli;
+mod hooks;
+mod http;
+mod layout;
+mod metrics;
+mod op;
+mod record;
+mod report;
+mod run;
+mod selection;
+mod session;
+mod snoop;
+mod stage;
+mod topology;
+mod tracer;
+mod units;
+
+use anyhow::Result;
+use clap::Parser;
+
+use cli::{By, Cli, Command, TraceArgs};
+use selection::Selection;
+use tracer::LoadOptions;
+
+fn main() {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cli.log_level));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+    if let Err(e) = runtime.block_on(dispatch(cli.command)) {
+        eprintln!("tracerd: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn split(trace: TraceArgs) -> (Selection, LoadOptions) {
+    (Selection { names: trace.devices }, LoadOptions { ring_buffer_bytes: trace.ring_buffer_bytes })
+}
+
+async fn dispatch(command: Command) -> Result<()> {
+    match command {
+        Command::Run { listen, trace } => {
+            let (selection, opts) = split(trace);
+            run::run(listen, selection, opts).await
+        }
+        Command::Report { duration, json, by, trace } => {
+            let (selection, opts) = split(trace);
+            report::report(duration, json, by == Some(By::Qd), selection, opts).await
+        }
+        Command::Snoop { json, duration, trace } => {
+            let (selection, opts) = split(trace);
+            snoop::snoop(json, duration, selection, opts).await
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! Prometheus text exposition of the aggregated state. Histograms live in HdrHistogram and are
+//! folded into fixed, log-spaced buckets at scrape time, so each IO is recorded once.
+
+use std::fmt::Write;
+
+use crate::{aggregate::Aggregator, hooks::HookStatus, stage::Stage};
+
+/// Bucket upper bounds (seconds): 1-2-5 steps from 1 µs to 50 s, then 60 s (the range top).
+pub const BUCKETS_S: [f64; 25] = [
+    1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2,
+    0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 60.0,
+];
+
+/// What `/metrics` shows: the aggregation plus tracerd's own health.
+#[derive(Debug, Default)]
+pub struct State {
+    pub agg: Aggregator,
+    pub hooks: Vec<HookStatus>,
+    pub kernel: String,
+    pub traced_devices: usize,
+    /// Records read from the ring buffer (all devices, before filtering).
+    pub records: u64,
+}
+
+/// Escapes a label value (backslash, double quote, newline).
+pub fn escape(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+pub fn render(state: &State) -> String {
+    let mut out = String::with_capacity(64 * 1024);
+    let series = state.agg.sorted();
+
+    header(&mut out, "tracerd_io_stage_seconds", "histogram", "Time IOs spent in each block-layer stage (blktrace intervals).");
+    for (device, op, stats) in &series {
+        for stage in Stage::ALL {
+            let Some(h) = stats.stage(stage) else { continue };
+            let labels = format!("device=\"{}\",op=\"{}\",stage=\"{}\"", escape(device), op.as_str(), stage.as_str());
+            let mut per_bucket = [0u64; BUCKETS_S.len()];
+            let mut overflow = 0;
+            for v in h.hist.iter_recorded() {
+                let secs = v.value_iterated_to() as f64 / 1e9;
+                match BUCKETS_S.iter().position(|&le| secs <= le) {
+                    Some(i) => per_bucket[i] += v.count_at_value(),
+                    None => overflow += v.count_at_value(),
+                }
+            }
+            let mut cumulative = 0;
+            for (le, n) in BUCKETS_S.iter().zip(per_bucket) {
+                cumulative += n;
+                let _ = writeln!(out, "tracerd_io_stage_seconds_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+            }
+            let _ = writeln!(out, "tracerd_io_stage_seconds_bucket{{{labels},le=\"+Inf\"}} {}", cumulative + overflow);
+            let _ = writeln!(out, "tracerd_io_stage_seconds_sum{{{labels}}} {}", h.sum_ns as f64 / 1e9);
+            let _ = writeln!(out, "tracerd_io_stage_seconds_count{{{labels}}} {}", h.count());
+        }
+    }
+
+    let counters: [(&str, &str, fn(&crate::aggregate::OpStats) -> u64); 4] = [
+        ("tracerd_io_requests_total", "Completed requests.", |s| s.requests),
+        ("tracerd_io_bytes_total", "Bytes transferred by completed requests.", |s| s.bytes),
+        ("tracerd_io_merged_bios_total", "Bios merged into an existing request.", |s| s.merged_bios),
+        ("tracerd_io_errors_total", "Requests completed with an error status.", |s| s.errors),
+    ];
+    for (name, help, value) in counters {
+        header(&mut out, name, "counter", help);
+        for (device, op, stats) in &series {
+            let _ = writeln!(out, "{name}{{device=\"{}\",op=\"{}\"}} {}", escape(device), op.as_str(), value(stats));
+        }
+    }
+
+    header(&mut out, "tracerd_events_lost_total", "counter", "Events tracerd could not account for, by reason.");
+    for (reason, n) in state.agg.lost.reasons() {
+        let _ = writeln!(out, "tracerd_events_lost_total{{reason=\"{reason}\"}} {n}");
+    }
+
+    header(&mut out, "tracerd_records_total", "counter", "Records read from the kernel ring buffer.");
+    let _ = writeln!(out, "tracerd_records_total {}", state.records);
+    header(&mut out, "tracerd_traced_devices", "gauge", "Block devices (disks and partitions) traced in the kernel.");
+    let _ = writeln!(out, "tracerd_traced_devices {}", state.traced_devices);
+    header(&mut out, "tracerd_hook_attached", "gauge", "1 for each block-layer hook attached, with how.");
+    for h in state.hooks.iter().filter(|h| h.attached()) {
+        let _ = writeln!(
+            out,
+            "tracerd_hook_attached{{hook=\"{}\",attach_type=\"{}\"}} 1",
+            h.hook,
+            h.attach_type.unwrap_or_default()
+        );
+    }
+    header(&mut out, "tracerd_hook_skipped", "gauge", "1 for each block-layer hook that could not be attached, with why.");
+    for h in state.hooks.iter().filter(|h| !h.attached()) {
+        let reason = escape(h.reason.as_deref().unwrap_or(""));
+        let _ = writeln!(out, "tracerd_hook_skipped{{hook=\"{}\",reason=\"{reason}\"}} 1", h.hook);
+    }
+    header(&mut out, "tracerd_build_info", "gauge", "tracerd version and the kernel it runs on.");
+    let _ = writeln!(
+        out,
+        "tracerd_build_info{{version=\"{}\",kernel=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION"),
+        escape(&state.kernel)
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::op::Op;
+    use tracer_common::{event, kind, IoRecord};
+
+    fn sample_state() -> State {
+        let mut agg = Aggregator::new(false);
+        for d2c_us in [3u64, 30, 300] {
+            let mut r = IoRecord { kind: kind::REQUEST, bytes: 4096, ..Default::default() };
+            (r.ts[event::D], r.ts[event::C]) = (1000, 1000 + d2c_us * 1000);
+            agg.add(7, Op::Write, &r, || "lo\"op\\0".into());
+        }
+        agg.lost.kernel[0] = 2;
+        let hooks = vec![
+            HookStatus { hook: "block_rq_issue", attach_type: Some("tp_btf"), program: None, reason: None },
+            HookStatus { hook: "block_split", attach_type: None, program: None, reason: Some("not in this kernel".into()) },
+        ];
+        State { agg, hooks, kernel: "6.18".into(), traced_devices: 1, records: 3 }
+    }
+
+    #[test]
+    fn histogram_buckets_are_cumulative_and_match_count() {
+        let text = render(&sample_state());
+        let labels = "device=\"lo\\\"op\\\\0\",op=\"write\",stage=\"d2c\"";
+        for (le, n) in [("0.000002", 0), ("0.000005", 1), ("0.00005", 2), ("0.0005", 3), ("+Inf", 3)] {
+            let line = format!("tracerd_io_stage_seconds_bucket{{{labels},le=\"{le}\"}} {n}\n");
+            assert!(text.contains(&line), "missing {line} in\n{text}");
+        }
+        assert!(text.contains(&format!("tracerd_io_stage_seconds_count{{{labels}}} 3\n")));
+        assert!(text.contains(&format!("tracerd_io_stage_seconds_sum{{{labels}}} 0.000333\n")));
+        assert!(text.contains("tracerd_io_requests_total{device=\"lo\\\"op\\\\0\",op=\"write\"} 3\n"));
+        assert!(text.contains("tracerd_io_bytes_total{device=\"lo\\\"op\\\\0\",op=\"write\"} 12288\n"));
+        assert!(text.contains("tracerd_events_lost_total{reason=\"ringbuf_full\"} 2\n"));
+        assert!(text.contains("tracerd_hook_attached{hook=\"block_rq_issue\",attach_type=\"tp_btf\"} 1\n"));
+        assert!(text.contains("tracerd_hook_skipped{hook=\"block_split\",reason=\"not in this kernel\"} 1\n"));
+    }
+
+    #[test]
+    fn every_sample_line_belongs_to_a_declared_family() {
+        let text = render(&sample_state());
+        let families: Vec<&str> =
+            text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).map(|l| l.split(' ').next().unwrap()).collect();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap();
+            assert!(
+                families.iter().any(|f| name == *f || name.strip_prefix(f).is_some_and(|s| ["_bucket", "_sum", "_count"].contains(&s))),
+                "{name} undeclared"
+            );
+            assert!(name.starts_with("tracerd_"));
+        }
+    }
+
+    #[test]
+    fn label_escaping() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

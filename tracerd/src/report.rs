@@ -1,0 +1,317 @@
+//! `tracerd report`: a timed capture summarised as btt-style tables, or as JSON.
+//! The JSON schema is documented in the README ("report --json").
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    io::{IsTerminal, Write as _},
+    time::{Duration, Instant},
+};
+
+use anyhow::Result;
+use serde::Serialize;
+
+use crate::{
+    aggregate::{Aggregator, Lost, OpStats, StageHist, Stages},
+    hooks::HookStatus,
+    op::Op,
+    selection::Selection,
+    session::{shutdown_signal, Session},
+    stage::Stage,
+    tracer::{kernel_release, LoadOptions},
+    units,
+};
+
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub schema_version: u32,
+    pub kernel: String,
+    pub duration_s: f64,
+    pub devices: Vec<DeviceReport>,
+    /// Lost events during the capture, by reason.
+    pub lost: BTreeMap<&'static str, u64>,
+    pub hooks: Vec<HookStatus>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeviceReport {
+    pub device: String,
+    pub ops: Vec<OpReport>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OpReport {
+    pub op: Op,
+    pub requests: u64,
+    pub bytes: u64,
+    pub merged_bios: u64,
+    pub errors: u64,
+    pub iops: f64,
+    pub bytes_per_second: f64,
+    /// Requests per event path ("QGDC": no insert, "QGIDC": through the scheduler).
+    pub paths: BTreeMap<String, u64>,
+    pub stages: BTreeMap<Stage, StageSummary>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub by_queue_depth: Vec<QueueDepthReport>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct QueueDepthReport {
+    pub queue_depth: u32,
+    pub stages: BTreeMap<Stage, StageSummary>,
+}
+
+/// One stage's distribution; times in seconds.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct StageSummary {
+    pub count: u64,
+    pub mean_s: f64,
+    pub p50_s: f64,
+    pub p90_s: f64,
+    pub p99_s: f64,
+    pub p999_s: f64,
+    pub max_s: f64,
+}
+
+impl StageSummary {
+    fn of(h: &StageHist) -> StageSummary {
+        let q = |p: f64| h.hist.value_at_quantile(p) as f64 / 1e9;
+        StageSummary {
+            count: h.count(),
+            mean_s: h.sum_ns as f64 / h.count().max(1) as f64 / 1e9,
+            p50_s: q(0.5),
+            p90_s: q(0.9),
+            p99_s: q(0.99),
+            p999_s: q(0.999),
+            max_s: h.hist.max() as f64 / 1e9,
+        }
+    }
+}
+
+fn summaries(stages: &Stages) -> BTreeMap<Stage, StageSummary> {
+    Stage::ALL.iter().filter_map(|&s| Some((s, StageSummary::of(stages[s.index()].as_deref()?)))).collect()
+}
+
+fn path_name(mask: usize) -> String {
+    "QGIDCM".chars().enumerate().filter(|(i, _)| mask & 1 << i != 0).map(|(_, c)| c).collect()
+}
+
+impl OpReport {
+    fn build(op: Op, s: &OpStats, duration_s: f64) -> OpReport {
+        OpReport {
+            op,
+            requests: s.requests,
+            bytes: s.bytes,
+            merged_bios: s.merged_bios,
+            errors: s.errors,
+            iops: s.requests as f64 / duration_s,
+            bytes_per_second: s.bytes as f64 / duration_s,
+            paths: s.paths.iter().enumerate().filter(|(_, n)| **n > 0).map(|(m, n)| (path_name(m), *n)).collect(),
+            stages: summaries(&s.stages),
+            by_queue_depth: s
+                .by_qd
+                .iter()
+                .map(|(&queue_depth, st)| QueueDepthReport { queue_depth, stages: summaries(st) })
+                .collect(),
+        }
+    }
+}
+
+impl Report {
+    pub fn build(agg: &Aggregator, lost: &Lost, hooks: &[HookStatus], kernel: &str, duration_s: f64) -> Report {
+        let duration_s = duration_s.max(1e-9);
+        let mut devices: Vec<DeviceReport> = Vec::new();
+        for (device, op, stats) in agg.sorted() {
+            let op_report = OpReport::build(op, stats, duration_s);
+            match devices.last_mut() {
+                Some(d) if d.device == device => d.ops.push(op_report),
+                _ => devices.push(DeviceReport { device: device.to_owned(), ops: vec![op_report] }),
+            }
+        }
+        Report {
+            schema_version: SCHEMA_VERSION,
+            kernel: kernel.to_owned(),
+            duration_s,
+            devices,
+            lost: lost.reasons().into_iter().collect(),
+            hooks: hooks.to_vec(),
+        }
+    }
+
+    pub fn render_text(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "tracerd report: {:.1} s on kernel {}", self.duration_s, self.kernel);
+        if self.devices.is_empty() {
+            let _ = writeln!(out, "\nno IO completed on the traced devices during the capture.");
+        }
+        for d in &self.devices {
+            for op in &d.ops {
+                render_op(&mut out, &d.device, op);
+            }
+        }
+        let lost: Vec<String> = self.lost.iter().filter(|(_, n)| **n > 0).map(|(r, n)| format!("{r} {n}")).collect();
+        let _ = writeln!(out, "\nlost events: {}", if lost.is_empty() { "none".into() } else { lost.join(", ") });
+        for h in self.hooks.iter().filter(|h| !h.attached()) {
+            let _ = writeln!(out, "skipped hook {}: {}", h.hook, h.reason.as_deref().unwrap_or("unknown"));
+        }
+        out
+    }
+}
+
+fn render_op(out: &mut String, device: &str, op: &OpReport) {
+    let _ = writeln!(
+        out,
+        "\n{device} {}: {} requests, {}, {:.1} IOPS, {}/s, {} merged bios, {} errors",
+        op.op.as_str(),
+        op.requests,
+        units::bytes(op.bytes as f64),
+        op.iops,
+        units::bytes(op.bytes_per_second),
+        op.merged_bios,
+        op.errors
+    );
+    let total: u64 = op.paths.values().sum();
+    let paths: Vec<String> = op
+        .paths
+        .iter()
+        .map(|(p, n)| format!("{p} {n} ({:.1}%)", 100.0 * *n as f64 / total.max(1) as f64))
+        .collect();
+    if !paths.is_empty() {
+        let _ = writeln!(out, "  paths: {}", paths.join(", "));
+    }
+    let _ = writeln!(
+        out,
+        "  {:<6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "stage", "count", "mean", "p50", "p90", "p99", "p99.9", "max"
+    );
+    for (stage, s) in &op.stages {
+        let t = |secs: f64| units::duration_ns(secs * 1e9);
+        let _ = writeln!(
+            out,
+            "  {:<6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            stage.as_str().to_uppercase(),
+            s.count,
+            t(s.mean_s),
+            t(s.p50_s),
+            t(s.p90_s),
+            t(s.p99_s),
+            t(s.p999_s),
+            t(s.max_s)
+        );
+    }
+    if !op.by_queue_depth.is_empty() {
+        let _ = writeln!(
+            out,
+            "  by queue depth at issue:\n  {:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            "qd", "count", "Q2D mean", "Q2D p50", "Q2D p99", "D2C mean", "D2C p50", "D2C p99"
+        );
+        for qd in &op.by_queue_depth {
+            let cell = |stage: Stage, f: fn(&StageSummary) -> f64| {
+                qd.stages.get(&stage).map_or("-".to_string(), |s| units::duration_ns(f(s) * 1e9))
+            };
+            let count = qd.stages.get(&Stage::D2c).map_or(0, |s| s.count);
+            let _ = writeln!(
+                out,
+                "  {:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+                qd.queue_depth,
+                count,
+                cell(Stage::Q2d, |s| s.mean_s),
+                cell(Stage::Q2d, |s| s.p50_s),
+                cell(Stage::Q2d, |s| s.p99_s),
+                cell(Stage::D2c, |s| s.mean_s),
+                cell(Stage::D2c, |s| s.p50_s),
+                cell(Stage::D2c, |s| s.p99_s),
+            );
+        }
+    }
+}
+
+/// Captures for `duration` seconds (or until SIGINT), then prints the report.
+pub async fn report(duration: f64, json: bool, by_qd: bool, selection: Selection, opts: LoadOptions) -> Result<()> {
+    let mut session = Session::start(selection, &opts)?;
+    let ops = session.tracer.ops;
+    let base = session.lost()?;
+    let mut agg = Aggregator::new(by_qd);
+    let progress = std::io::stderr().is_terminal();
+    let started = Instant::now();
+    let deadline = tokio::time::sleep(Duration::from_secs_f64(duration));
+    tokio::pin!(deadline);
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            r = session.read(|dev, rec, topo| agg.add(dev, ops.op(rec.cmd_flags), rec, || topo.name_of(dev))) => r?,
+            _ = tick.tick() => {
+                session.refresh_devices()?;
+                if progress {
+                    let ios: u64 = agg.series.values().map(|s| s.requests).sum();
+                    eprint!("\rcapturing: {:.0}/{duration:.0} s, {ios} requests ", started.elapsed().as_secs_f64());
+                }
+            }
+            _ = &mut deadline => break,
+            _ = &mut shutdown => break,
+        }
+    }
+    session.drain_now(|dev, rec, topo| agg.add(dev, ops.op(rec.cmd_flags), rec, || topo.name_of(dev)));
+    if progress {
+        eprint!("\r\x1b[K");
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let lost = session.lost()?.since(&base);
+    let hooks = session.tracer.hooks.clone();
+    drop(session);
+    let report = Report::build(&agg, &lost, &hooks, &kernel_release(), elapsed);
+    let mut out = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer_pretty(&mut out, &report)?;
+        writeln!(out)?;
+    } else {
+        write!(out, "{}", report.render_text())?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracer_common::{event, kind, IoRecord};
+
+    fn agg() -> Aggregator {
+        let mut agg = Aggregator::new(true);
+        for (i, qd) in [(1u64, 1u32), (2, 1), (3, 2)] {
+            let mut r = IoRecord { kind: kind::REQUEST, bytes: 4096, queue_depth: qd, ..Default::default() };
+            (r.ts[event::Q], r.ts[event::G], r.ts[event::D], r.ts[event::C]) = (1000, 2000, 3000, 3000 + i * 10_000);
+            agg.add(7, Op::Read, &r, || "loop0".into());
+        }
+        agg
+    }
+
+    #[test]
+    fn report_sums_and_paths() {
+        let r = Report::build(&agg(), &Lost::default(), &[], "6.18", 2.0);
+        let op = &r.devices[0].ops[0];
+        assert_eq!((op.requests, op.bytes, op.iops), (3, 12288, 1.5));
+        assert_eq!(op.paths, BTreeMap::from([("QGDC".to_string(), 3)]));
+        assert_eq!(op.stages[&Stage::D2c].count, 3);
+        assert!((op.stages[&Stage::D2c].mean_s - 20e-6).abs() < 1e-9);
+        assert!(!op.stages.contains_key(&Stage::G2i));
+        assert_eq!(op.by_queue_depth.iter().map(|q| (q.queue_depth, q.stages[&Stage::D2c].count)).collect::<Vec<_>>(), vec![(1, 2), (2, 1)]);
+        let json: serde_json::Value = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["devices"][0]["ops"][0]["stages"]["g2d"]["count"], 3);
+        assert_eq!(json["lost"]["ringbuf_full"], 0);
+    }
+
+    #[test]
+    fn text_shows_stages_paths_and_qd_table() {
+        let text = Report::build(&agg(), &Lost::default(), &[], "6.18", 2.0).render_text();
+        assert!(text.contains("loop0 read: 3 requests"), "{text}");
+        assert!(text.contains("paths: QGDC 3 (100.0%)"), "{text}");
+        assert!(text.contains("  G2D "), "{text}");
+        assert!(!text.contains("G2I"), "{text}");
+        assert!(text.contains("by queue depth at issue"), "{text}");
+        assert!(text.contains("lost events: none"), "{text}");
+    }
+}

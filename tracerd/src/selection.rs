@@ -1,0 +1,127 @@
+//! Which devices are traced (`--device`, or every block device) and which traced device each
+//! record counts towards. Partitions: IO submitted to a partition counts towards its disk,
+//! unless the partition itself was named with `--device`, then towards the partition.
+
+use std::collections::{HashMap, HashSet};
+
+use anyhow::{bail, Result};
+use tracer_common::IoRecord;
+
+use crate::topology::Topology;
+
+#[derive(Clone, Debug, Default)]
+pub struct Selection {
+    /// Device names from `--device`; empty means every block device.
+    pub names: Vec<String>,
+}
+
+/// A selection resolved against the current topology.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Resolved {
+    /// Devices that count as series of their own.
+    targets: HashSet<u32>,
+    /// Partition -> its disk.
+    disk_of: HashMap<u32, u32>,
+    /// Every `dev_t` the kernel side must trace (targets, plus partitions of target disks and
+    /// disks of target partitions, whose requests carry the partition's IO).
+    pub kernel_devs: HashSet<u32>,
+}
+
+impl Selection {
+    pub fn resolve(&self, topo: &Topology) -> Result<Resolved> {
+        let mut r = Resolved::default();
+        for d in topo.devices().filter(|d| d.partition) {
+            if let Some(disk) = topo.by_name(&d.disk) {
+                r.disk_of.insert(d.dev, disk.dev);
+            }
+        }
+        if self.names.is_empty() {
+            for d in topo.devices() {
+                r.kernel_devs.insert(d.dev);
+                if !d.partition {
+                    r.targets.insert(d.dev);
+                }
+            }
+            return Ok(r);
+        }
+        for name in &self.names {
+            let Some(d) = topo.by_name(name) else {
+                bail!(
+                    "unknown block device '{name}': it is not in /sys/class/block. \
+                     Known devices: {}. Name a device by its kernel name (e.g. loop0, nvme0n1).",
+                    topo.names().join(", ")
+                );
+            };
+            r.targets.insert(d.dev);
+            r.kernel_devs.insert(d.dev);
+            if d.partition {
+                if let Some(disk) = topo.by_name(&d.disk) {
+                    r.kernel_devs.insert(disk.dev);
+                }
+            } else {
+                r.kernel_devs.extend(topo.partitions_of(&d.name).map(|p| p.dev));
+            }
+        }
+        Ok(r)
+    }
+}
+
+impl Resolved {
+    /// The traced device a record counts towards, or None if it belongs to no target.
+    pub fn target_of(&self, rec: &IoRecord) -> Option<u32> {
+        if rec.dev != 0 && self.targets.contains(&rec.dev) {
+            return Some(rec.dev);
+        }
+        let disk = if rec.disk != 0 { rec.disk } else { *self.disk_of.get(&rec.dev)? };
+        self.targets.contains(&disk).then_some(disk)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::{kernel_dev, tests::fake_sysfs};
+
+    fn topo() -> (Topology, crate::topology::tests::tempdir::Dir) {
+        let dir = fake_sysfs(&[
+            ("loop0", "7:0", None, true),
+            ("loop0p1", "259:0", Some("loop0"), false),
+            ("loop1", "7:1", None, true),
+        ]);
+        (Topology::scan_root(&dir.0).unwrap(), dir)
+    }
+
+    fn rec(disk: u32, dev: u32) -> IoRecord {
+        IoRecord { disk, dev, ..Default::default() }
+    }
+
+    #[test]
+    fn everything_counts_partition_io_towards_the_disk() {
+        let (t, _d) = topo();
+        let r = Selection::default().resolve(&t).unwrap();
+        let (loop0, p1, loop1) = (kernel_dev(7, 0), kernel_dev(259, 0), kernel_dev(7, 1));
+        assert_eq!(r.kernel_devs.len(), 3);
+        assert_eq!(r.target_of(&rec(loop0, p1)), Some(loop0));
+        assert_eq!(r.target_of(&rec(loop1, loop1)), Some(loop1));
+        // A merge record has no disk: found through the partition.
+        assert_eq!(r.target_of(&rec(0, p1)), Some(loop0));
+    }
+
+    #[test]
+    fn a_named_partition_is_its_own_series() {
+        let (t, _d) = topo();
+        let r = Selection { names: vec!["loop0p1".into()] }.resolve(&t).unwrap();
+        let (loop0, p1) = (kernel_dev(7, 0), kernel_dev(259, 0));
+        assert!(r.kernel_devs.contains(&loop0) && r.kernel_devs.contains(&p1));
+        assert_eq!(r.target_of(&rec(loop0, p1)), Some(p1));
+        assert_eq!(r.target_of(&rec(loop0, loop0)), None);
+        assert_eq!(r.target_of(&rec(kernel_dev(7, 1), 0)), None);
+    }
+
+    #[test]
+    fn unknown_devices_are_refused_with_the_known_list() {
+        let (t, _d) = topo();
+        let err = Selection { names: vec!["sdz".into()] }.resolve(&t).unwrap_err().to_string();
+        assert!(err.contains("unknown block device 'sdz'") && err.contains("loop0, loop0p1, loop1"), "{err}");
+    }
+}

@@ -1,0 +1,180 @@
+//! `tracerd snoop`: one line per IO (completed request or merged bio), as text or JSON lines.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::Write,
+    time::Duration,
+};
+
+use anyhow::Result;
+use serde::Serialize;
+use tracer_common::{event, flag, kind, IoRecord};
+
+use crate::{
+    op::{Op, OpDecoder},
+    record::comm,
+    selection::Selection,
+    session::{shutdown_signal, Session},
+    stage::{path, Stage},
+    topology::Topology,
+    tracer::LoadOptions,
+    units,
+};
+
+/// Writes snoop lines, remembering the first write error (a closed pipe ends snoop).
+struct Printer<W: Write> {
+    out: W,
+    json: bool,
+    ops: OpDecoder,
+    names: HashMap<u32, String>,
+    error: Option<std::io::Error>,
+}
+
+impl<W: Write> Printer<W> {
+    fn emit(&mut self, dev: u32, rec: &IoRecord, topo: &Topology) {
+        let name: &String = self.names.entry(dev).or_insert_with(|| topo.name_of(dev));
+        let line = line(name, rec, &self.ops, topo);
+        let r = if self.json {
+            serde_json::to_writer(&mut self.out, &line).map_err(std::io::Error::from).and_then(|_| writeln!(self.out))
+        } else {
+            write_text(&mut self.out, &line)
+        };
+        if let Err(e) = r {
+            self.error.get_or_insert(e);
+        }
+    }
+
+    fn flush(&mut self) {
+        if let Err(e) = self.out.flush() {
+            self.error.get_or_insert(e);
+        }
+    }
+}
+
+/// One snoop line as JSON. Times are nanoseconds; `events_ns` are kernel monotonic timestamps.
+#[derive(Debug, Serialize)]
+pub struct SnoopLine<'a> {
+    pub kind: &'static str,
+    pub device: &'a str,
+    /// Device the bio was submitted to (a partition, or the disk itself).
+    pub submitted_to: Option<String>,
+    pub op: Op,
+    pub rwbs: String,
+    pub sector: u64,
+    pub bytes: u32,
+    pub queue_depth: u32,
+    pub pid: u32,
+    pub comm: &'a str,
+    pub path: String,
+    pub requeued: bool,
+    pub split: bool,
+    pub error: u32,
+    pub events_ns: BTreeMap<&'static str, u64>,
+    pub stages_ns: BTreeMap<Stage, u64>,
+}
+
+pub fn line<'a>(device: &'a str, rec: &'a IoRecord, ops: &OpDecoder, topo: &Topology) -> SnoopLine<'a> {
+    let mut stages_ns = BTreeMap::new();
+    Stage::each_of(rec, |s, ns| {
+        stages_ns.insert(s, ns);
+    });
+    let events_ns = [("q", event::Q), ("g", event::G), ("i", event::I), ("d", event::D), ("c", event::C), ("m", event::M)]
+        .into_iter()
+        .filter(|(_, e)| rec.ts[*e] != 0)
+        .map(|(n, e)| (n, rec.ts[e]))
+        .collect();
+    SnoopLine {
+        kind: if rec.kind == kind::MERGE { "merge" } else { "request" },
+        device,
+        submitted_to: (rec.dev != 0).then(|| topo.name_of(rec.dev)),
+        op: ops.op(rec.cmd_flags),
+        rwbs: ops.rwbs(rec.cmd_flags),
+        sector: rec.sector,
+        bytes: rec.bytes,
+        queue_depth: rec.queue_depth,
+        pid: rec.pid,
+        comm: comm(rec),
+        path: path(rec),
+        requeued: rec.flags & flag::REQUEUED != 0,
+        split: rec.flags & flag::SPLIT != 0,
+        error: rec.error,
+        events_ns,
+        stages_ns,
+    }
+}
+
+/// Stages shown as text columns, in order.
+const COLUMNS: [Stage; 7] = [Stage::Q2g, Stage::G2i, Stage::I2d, Stage::G2d, Stage::D2c, Stage::Q2c, Stage::Q2m];
+
+pub fn write_header(out: &mut dyn Write) -> std::io::Result<()> {
+    write!(out, "{:<12} {:<15} {:>7} {:<10} {:<5} {:>12} {:>7} {:>4} {:<6}", "DEVICE", "COMM", "PID", "OP", "RWBS", "SECTOR", "BYTES", "QD", "PATH")?;
+    for s in COLUMNS {
+        write!(out, " {:>8}", s.as_str().to_uppercase())?;
+    }
+    writeln!(out)
+}
+
+pub fn write_text(out: &mut dyn Write, l: &SnoopLine) -> std::io::Result<()> {
+    write!(
+        out,
+        "{:<12} {:<15} {:>7} {:<10} {:<5} {:>12} {:>7} {:>4} {:<6}",
+        l.device,
+        l.comm,
+        l.pid,
+        l.op.as_str(),
+        l.rwbs,
+        l.sector,
+        l.bytes,
+        l.queue_depth,
+        l.path
+    )?;
+    for s in COLUMNS {
+        match l.stages_ns.get(&s) {
+            Some(&ns) => write!(out, " {:>8}", units::duration_ns(ns as f64))?,
+            None => write!(out, " {:>8}", "-")?,
+        }
+    }
+    writeln!(out)
+}
+
+/// Prints every IO until SIGINT/SIGTERM, `duration`, or a closed stdout.
+pub async fn snoop(json: bool, duration: Option<f64>, selection: Selection, opts: LoadOptions) -> Result<()> {
+    let mut session = Session::start(selection, &opts)?;
+    let mut p = Printer {
+        out: std::io::BufWriter::new(std::io::stdout().lock()),
+        json,
+        ops: session.tracer.ops,
+        names: HashMap::new(),
+        error: None,
+    };
+    if !json {
+        write_header(&mut p.out)?;
+        p.flush();
+    }
+    let deadline = tokio::time::sleep(Duration::from_secs_f64(duration.unwrap_or(f64::from(u32::MAX))));
+    tokio::pin!(deadline);
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    while p.error.is_none() {
+        tokio::select! {
+            r = session.read(|dev, rec, topo| p.emit(dev, rec, topo)) => r?,
+            _ = tick.tick() => session.refresh_devices()?,
+            _ = &mut deadline => break,
+            _ = &mut shutdown => break,
+        }
+        p.flush();
+    }
+    session.drain_now(|dev, rec, topo| p.emit(dev, rec, topo));
+    p.flush();
+    let lost = session.lost()?;
+    let lost: Vec<_> = lost.reasons().into_iter().filter(|(_, n)| *n > 0).collect();
+    if !lost.is_empty() {
+        tracing::warn!("lost events: {lost:?}");
+    }
+    match p.error {
+        // A closed pipe (snoop | head) is a normal way to stop.
+        Some(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,150 @@
+//! Stages (blktrace intervals) and how each is computed from a record's event timestamps.
+//! The one place that decides the stage list; metrics, report and snoop all ask here.
+
+use serde::Serialize;
+use tracer_common::{event, kind, IoRecord};
+
+/// An interval between two block-layer events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stage {
+    /// Queued to request allocated.
+    Q2g,
+    /// Request allocated to inserted into the scheduler.
+    G2i,
+    /// Inserted to issued to the driver.
+    I2d,
+    /// Allocated to issued, for requests dispatched directly (no I).
+    G2d,
+    /// Queued to issued: all time spent above the driver.
+    Q2d,
+    /// Issued to complete: driver and device.
+    D2c,
+    /// Queued to complete: end to end.
+    Q2c,
+    /// Queued to merged into an existing request.
+    Q2m,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 8] =
+        [Stage::Q2g, Stage::G2i, Stage::I2d, Stage::G2d, Stage::Q2d, Stage::D2c, Stage::Q2c, Stage::Q2m];
+    pub const COUNT: usize = Stage::ALL.len();
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Q2g => "q2g",
+            Stage::G2i => "g2i",
+            Stage::I2d => "i2d",
+            Stage::G2d => "g2d",
+            Stage::Q2d => "q2d",
+            Stage::D2c => "d2c",
+            Stage::Q2c => "q2c",
+            Stage::Q2m => "q2m",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The events an interval runs between.
+    fn events(self) -> (usize, usize) {
+        match self {
+            Stage::Q2g => (event::Q, event::G),
+            Stage::G2i => (event::G, event::I),
+            Stage::I2d => (event::I, event::D),
+            Stage::G2d => (event::G, event::D),
+            Stage::Q2d => (event::Q, event::D),
+            Stage::D2c => (event::D, event::C),
+            Stage::Q2c => (event::Q, event::C),
+            Stage::Q2m => (event::Q, event::M),
+        }
+    }
+
+    /// Nanoseconds of this stage for a record, or None where one of its events did not fire
+    /// (never invented: a directly dispatched request has G2D, not G2I/I2D).
+    pub fn of(self, rec: &IoRecord) -> Option<u64> {
+        if self == Stage::G2d && rec.ts[event::I] != 0 {
+            return None;
+        }
+        let (from, to) = self.events();
+        let (a, b) = (rec.ts[from], rec.ts[to]);
+        (a != 0 && b != 0).then(|| b.saturating_sub(a))
+    }
+
+    /// Calls `f` for every stage the record has.
+    pub fn each_of(rec: &IoRecord, mut f: impl FnMut(Stage, u64)) {
+        let stages: &[Stage] = if rec.kind == kind::MERGE { &[Stage::Q2m] } else { &Stage::ALL[..7] };
+        for &s in stages {
+            if let Some(ns) = s.of(rec) {
+                f(s, ns);
+            }
+        }
+    }
+}
+
+/// The events a request went through, as blktrace letters ("QGIDC", "GDC", ...).
+pub fn path(rec: &IoRecord) -> String {
+    [(event::Q, 'Q'), (event::G, 'G'), (event::I, 'I'), (event::D, 'D'), (event::C, 'C'), (event::M, 'M')]
+        .iter()
+        .filter(|(e, _)| rec.ts[*e] != 0)
+        .map(|(_, c)| *c)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(q: u64, g: u64, i: u64, d: u64, c: u64) -> IoRecord {
+        IoRecord { kind: kind::REQUEST, ts: [q, g, i, d, c, 0], ..Default::default() }
+    }
+
+    fn stages(r: &IoRecord) -> Vec<(Stage, u64)> {
+        let mut v = vec![];
+        Stage::each_of(r, |s, ns| v.push((s, ns)));
+        v
+    }
+
+    #[test]
+    fn full_path_has_every_request_stage_but_g2d() {
+        let r = rec(100, 150, 300, 700, 1700);
+        assert_eq!(
+            stages(&r),
+            vec![
+                (Stage::Q2g, 50),
+                (Stage::G2i, 150),
+                (Stage::I2d, 400),
+                (Stage::Q2d, 600),
+                (Stage::D2c, 1000),
+                (Stage::Q2c, 1600)
+            ]
+        );
+        assert_eq!(path(&r), "QGIDC");
+    }
+
+    #[test]
+    fn direct_dispatch_has_g2d_and_no_invented_insert() {
+        let r = rec(100, 150, 0, 700, 1700);
+        let s = stages(&r);
+        assert!(s.contains(&(Stage::G2d, 550)));
+        assert!(!s.iter().any(|(st, _)| matches!(st, Stage::G2i | Stage::I2d)));
+        assert_eq!(path(&r), "QGDC");
+    }
+
+    #[test]
+    fn a_request_without_queue_event_has_only_what_fired() {
+        let r = rec(0, 0, 300, 700, 1700);
+        assert_eq!(stages(&r), vec![(Stage::I2d, 400), (Stage::D2c, 1000)]);
+    }
+
+    #[test]
+    fn merges_have_only_q2m() {
+        let mut r = IoRecord { kind: kind::MERGE, ..Default::default() };
+        r.ts[event::Q] = 10;
+        r.ts[event::M] = 25;
+        assert_eq!(stages(&r), vec![(Stage::Q2m, 15)]);
+        assert_eq!(path(&r), "QM");
+    }
+}

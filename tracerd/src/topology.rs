@@ -1,0 +1,187 @@
+//! Block devices from sysfs: kernel name, `dev_t`, disk/partition relation, request-based or not.
+//! The one place that turns a major:minor into the name users see.
+
+use std::{
+    collections::HashMap,
+    fs,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{bail, Context, Result};
+
+/// Kernel-internal `dev_t` (what the programs read from `bd_dev`): major << 20 | minor.
+pub fn kernel_dev(major: u32, minor: u32) -> u32 {
+    (major << 20) | minor
+}
+
+pub fn major_minor(dev: u32) -> (u32, u32) {
+    (dev >> 20, dev & 0xf_ffff)
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Device {
+    /// Kernel name (`loop0`, `loop0p1`, `nvme0n1`, `dm-0`).
+    pub name: String,
+    pub dev: u32,
+    /// The whole disk: itself for a disk, the parent for a partition.
+    pub disk: String,
+    pub partition: bool,
+    /// blk-mq (request-based): has `mq/` in sysfs.
+    pub request_based: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Topology {
+    devices: HashMap<u32, Device>,
+}
+
+impl Topology {
+    pub fn scan() -> Result<Topology> {
+        Topology::scan_root(Path::new("/sys"))
+    }
+
+    /// Scans `<root>/class/block` (a real or a test sysfs tree).
+    pub fn scan_root(root: &Path) -> Result<Topology> {
+        let class = root.join("class/block");
+        let entries = fs::read_dir(&class)
+            .with_context(|| format!("cannot list block devices in {}", class.display()))?;
+        let mut devices = HashMap::new();
+        for entry in entries.flatten() {
+            // Devices can vanish while we look; skip those.
+            if let Ok(device) = read_device(&entry.path()) {
+                devices.insert(device.dev, device);
+            }
+        }
+        Ok(Topology { devices })
+    }
+
+    pub fn get(&self, dev: u32) -> Option<&Device> {
+        self.devices.get(&dev)
+    }
+
+    pub fn by_name(&self, name: &str) -> Option<&Device> {
+        let name = name.strip_prefix("/dev/").unwrap_or(name);
+        self.devices.values().find(|d| d.name == name)
+    }
+
+    pub fn devices(&self) -> impl Iterator<Item = &Device> {
+        self.devices.values()
+    }
+
+    pub fn partitions_of<'a>(&'a self, disk: &'a str) -> impl Iterator<Item = &'a Device> {
+        self.devices.values().filter(move |d| d.partition && d.disk == disk)
+    }
+
+    /// Name for a `dev_t`: the kernel name, or `major:minor` for a device sysfs no longer has.
+    pub fn name_of(&self, dev: u32) -> String {
+        match self.get(dev) {
+            Some(d) => d.name.clone(),
+            None => {
+                let (major, minor) = major_minor(dev);
+                format!("{major}:{minor}")
+            }
+        }
+    }
+
+    /// Sorted names, for error messages.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.devices.values().map(|d| d.name.clone()).collect();
+        names.sort();
+        names
+    }
+}
+
+fn read_device(link: &Path) -> Result<Device> {
+    let path: PathBuf = fs::canonicalize(link)?;
+    let name = path.file_name().context("no name")?.to_string_lossy().into_owned();
+    let dev = fs::read_to_string(path.join("dev"))?;
+    let Some((major, minor)) = dev.trim().split_once(':') else {
+        bail!("bad dev file for {name}: {dev:?}");
+    };
+    let partition = path.join("partition").exists();
+    let disk_path = if partition { path.parent().context("partition without disk")? } else { &path };
+    let disk = disk_path.file_name().context("no disk name")?.to_string_lossy().into_owned();
+    Ok(Device {
+        dev: kernel_dev(major.parse()?, minor.parse()?),
+        name,
+        disk,
+        partition,
+        request_based: disk_path.join("mq").is_dir(),
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    /// A fake sysfs: (name, "maj:min", parent disk or None, blk-mq).
+    pub fn fake_sysfs(devices: &[(&str, &str, Option<&str>, bool)]) -> tempdir::Dir {
+        let dir = tempdir::Dir::new();
+        fs::create_dir_all(dir.0.join("class/block")).unwrap();
+        for &(name, dev, parent, mq) in devices {
+            let path = match parent {
+                Some(p) => dir.0.join("devices").join(p).join(name),
+                None => dir.0.join("devices").join(name),
+            };
+            fs::create_dir_all(&path).unwrap();
+            fs::write(path.join("dev"), format!("{dev}\n")).unwrap();
+            if parent.is_some() {
+                fs::write(path.join("partition"), "1\n").unwrap();
+            }
+            if mq {
+                fs::create_dir_all(path.join("mq")).unwrap();
+            }
+            symlink(&path, dir.0.join("class/block").join(name)).unwrap();
+        }
+        dir
+    }
+
+    pub mod tempdir {
+        use std::path::PathBuf;
+        pub struct Dir(pub PathBuf);
+        impl Dir {
+            pub fn new() -> Dir {
+                use std::sync::atomic::{AtomicU32, Ordering};
+                static N: AtomicU32 = AtomicU32::new(0);
+                let p = std::env::temp_dir().join(format!(
+                    "tracerd-test-{}-{}",
+                    std::process::id(),
+                    N.fetch_add(1, Ordering::Relaxed)
+                ));
+                std::fs::create_dir_all(&p).unwrap();
+                Dir(p)
+            }
+        }
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+    }
+
+    #[test]
+    fn disks_and_partitions_from_sysfs() {
+        let dir = fake_sysfs(&[
+            ("loop0", "7:0", None, true),
+            ("loop0p1", "259:0", Some("loop0"), false),
+            ("md0", "9:0", None, false),
+        ]);
+        let t = Topology::scan_root(&dir.0).unwrap();
+        let p = t.by_name("/dev/loop0p1").unwrap();
+        assert_eq!(p.disk, "loop0");
+        assert!(p.partition && p.request_based);
+        assert_eq!(p.dev, kernel_dev(259, 0));
+        assert!(!t.by_name("md0").unwrap().request_based);
+        assert_eq!(t.partitions_of("loop0").count(), 1);
+        assert_eq!(t.name_of(kernel_dev(7, 0)), "loop0");
+        assert_eq!(t.name_of(kernel_dev(8, 16)), "8:16");
+        assert_eq!(t.names(), vec!["loop0", "loop0p1", "md0"]);
+    }
+
+    #[test]
+    fn dev_t_encoding_round_trips() {
+        assert_eq!(major_minor(kernel_dev(259, 3)), (259, 3));
+        assert_eq!(kernel_dev(7, 1), 7 << 20 | 1);
+    }
+}

@@ -1,0 +1,190 @@
+//! Loading tracerd's kernel programs into the running kernel: checks first (privileges, BTF),
+//! then the struct layout from BTF, then every hook. Dropping the `Tracer` detaches everything.
+
+use std::{collections::HashSet, time::Duration};
+
+use anyhow::{bail, Context, Result};
+use aya::{
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    Btf as AyaBtf, Ebpf, EbpfLoader,
+};
+use tracer_common::{lost, names, BioState, DeviceState, RequestState};
+
+use crate::{
+    btf::{Btf, VMLINUX},
+    hooks::{HookStatus, HOOKS},
+    layout,
+    op::OpDecoder,
+};
+
+static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("TRACERD_EBPF_OBJECT"));
+
+/// Options that change what is loaded.
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    /// Ring buffer size in bytes (power of two); None keeps the built-in size.
+    pub ring_buffer_bytes: Option<u32>,
+}
+
+pub struct Tracer {
+    ebpf: Ebpf,
+    pub hooks: Vec<HookStatus>,
+    pub ops: OpDecoder,
+}
+
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// Effective capabilities of this process.
+fn effective_caps() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap_or(0)
+}
+
+/// Fails early, with advice, where loading cannot work.
+pub fn preflight() -> Result<()> {
+    let caps = effective_caps();
+    let has = |cap: u32| caps & (1 << cap) != 0;
+    if !(has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))) {
+        bail!(
+            "tracerd needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN) to load its kernel programs, \
+             and this process has neither. Run it as root (sudo tracerd ...) or grant them: \
+             sudo setcap cap_bpf,cap_perfmon+ep $(command -v tracerd)"
+        );
+    }
+    if !std::path::Path::new(VMLINUX).exists() {
+        bail!(
+            "this kernel exposes no BTF ({VMLINUX} is missing). tracerd reads struct layouts \
+             from BTF: use a kernel built with CONFIG_DEBUG_INFO_BTF=y (most distribution kernels \
+             since 5.4 are)."
+        );
+    }
+    raise_memlock();
+    Ok(())
+}
+
+/// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK; later ones do not need this.
+fn raise_memlock() {
+    let unlimited = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+    // SAFETY: plain syscall with a valid struct.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
+        tracing::debug!(
+            "could not raise RLIMIT_MEMLOCK ({}); not needed on kernels >= 5.11",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// Kernel release (`uname -r`).
+pub fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").map_or_else(|_| "unknown".into(), |s| s.trim().into())
+}
+
+impl Tracer {
+    pub fn load(opts: &LoadOptions) -> Result<Tracer> {
+        preflight()?;
+        let btf = Btf::from_sys_fs().with_context(|| format!("cannot read kernel BTF from {VMLINUX}"))?;
+        let layout = layout::resolve(&btf)?;
+        let ops = OpDecoder::from_btf(&btf)?;
+        let aya_btf = AyaBtf::from_sys_fs().ok();
+        let mut loader = EbpfLoader::new();
+        loader.btf(aya_btf.as_ref()).override_global(names::LAYOUT, &layout, true);
+        if let Some(bytes) = opts.ring_buffer_bytes {
+            loader.map_max_entries(names::EVENTS, bytes);
+        }
+        let mut ebpf = loader.load(OBJECT).map_err(|e| permission_advice(e.into()))?;
+        let mut hooks = Vec::new();
+        for hook in HOOKS {
+            let status = hook.attach(&mut ebpf, &btf, aya_btf.as_ref());
+            match (&status.attach_type, &status.reason) {
+                (Some(how), None) => tracing::debug!("attached {} ({how})", hook.tracepoint),
+                (Some(how), Some(why)) => tracing::info!("attached {} ({how}): {why}", hook.tracepoint),
+                (None, why) => {
+                    let why = why.as_deref().unwrap_or("unknown reason");
+                    if hook.required {
+                        bail!("cannot attach {}, which tracerd needs: {why}", hook.tracepoint);
+                    }
+                    tracing::warn!("skipped {}: {why}", hook.tracepoint);
+                }
+            }
+            hooks.push(status);
+        }
+        Ok(Tracer { ebpf, hooks, ops })
+    }
+
+    /// The ring buffer of records (can be taken once).
+    pub fn take_events(&mut self) -> Result<RingBuf<MapData>> {
+        let map = self.ebpf.take_map(names::EVENTS).context("ring buffer already taken")?;
+        Ok(RingBuf::try_from(map)?)
+    }
+
+    /// The kernel's lost-event counters, summed over CPUs.
+    pub fn kernel_lost(&self) -> Result<[u64; lost::KERNEL_COUNT as usize]> {
+        let map: PerCpuArray<_, u64> = PerCpuArray::try_from(self.ebpf.map(names::LOST).context("LOST map")?)?;
+        let mut out = [0; lost::KERNEL_COUNT as usize];
+        for (i, slot) in out.iter_mut().enumerate() {
+            *slot = map.get(&(i as u32), 0)?.iter().sum();
+        }
+        Ok(out)
+    }
+
+    /// Makes the kernel trace exactly `devs` (kernel `dev_t`s); keeps counters of kept devices.
+    pub fn set_devices(&mut self, devs: &HashSet<u32>) -> Result<()> {
+        let mut map: BpfHashMap<_, u32, DeviceState> =
+            BpfHashMap::try_from(self.ebpf.map_mut(names::DEVICES).context("DEVICES map")?)?;
+        let present: HashSet<u32> = map.keys().filter_map(Result::ok).collect();
+        for dev in present.difference(devs) {
+            map.remove(dev)?;
+        }
+        for dev in devs.difference(&present) {
+            map.insert(dev, DeviceState::default(), 0).context("device map full")?;
+        }
+        Ok(())
+    }
+
+    /// Removes in-flight entries older than `max_age` (their completion was missed).
+    /// Returns (bios, requests) removed.
+    pub fn sweep_stale(&mut self, max_age: Duration) -> Result<(u64, u64)> {
+        let cutoff = monotonic_ns().saturating_sub(max_age.as_nanos() as u64);
+        let mut bios: BpfHashMap<_, u64, BioState> =
+            BpfHashMap::try_from(self.ebpf.map_mut(names::BIOS).context("BIOS map")?)?;
+        let old: Vec<u64> =
+            bios.iter().filter_map(Result::ok).filter(|(_, s)| s.queued_ns < cutoff).map(|(k, _)| k).collect();
+        let stale_bios = old.iter().filter(|k| bios.remove(k).is_ok()).count() as u64;
+        let mut requests: BpfHashMap<_, u64, RequestState> =
+            BpfHashMap::try_from(self.ebpf.map_mut(names::REQUESTS).context("REQUESTS map")?)?;
+        let old: Vec<u64> = requests
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, s)| s.record.ts.iter().copied().filter(|&t| t != 0).max().unwrap_or(0) < cutoff)
+            .map(|(k, _)| k)
+            .collect();
+        let stale_requests = old.iter().filter(|k| requests.remove(k).is_ok()).count() as u64;
+        Ok((stale_bios, stale_requests))
+    }
+}
+
+/// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn permission_advice(e: anyhow::Error) -> anyhow::Error {
+    let text = format!("{e:#}");
+    if text.contains("Operation not permitted") || text.contains("EPERM") {
+        e.context(
+            "the kernel refused to load tracerd's programs: run as root or with CAP_BPF and \
+             CAP_PERFMON; in a container also allow the bpf() syscall",
+        )
+    } else {
+        e.context("cannot load tracerd's kernel programs")
+    }
+}
