@@ -19,15 +19,15 @@ use core::{
 };
 
 use aya_ebpf::{
+    EbpfContext,
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{btf_tracepoint, map, raw_tracepoint},
     maps::{HashMap, PerCpuArray, RingBuf},
     programs::{BtfTracePointContext, RawTracePointContext},
-    EbpfContext,
 };
 use tracer_common::{
-    bio_dev_path, event, flag, kind, limits, lost, rq_disk_path, BioState, DeviceState, IoRecord,
-    KernelLayout, RequestState,
+    BioState, DeviceState, IoRecord, KernelLayout, RequestState, bio_dev_path, event, flag, kind, limits,
+    lost, rq_disk_path,
 };
 
 /// Struct offsets of the running kernel, written by the loader (read-only data).

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use hdrhistogram::Histogram;
-use tracer_common::{kind, lost, IoRecord};
+use tracer_common::{IoRecord, kind, lost};
 
 use crate::{op::Op, stage::Stage};
 
@@ -136,9 +136,7 @@ impl Aggregator {
 
     /// Adds one record for the traced device `dev`; `name` is asked once per new device.
     pub fn add(&mut self, dev: u32, op: Op, rec: &IoRecord, name: impl FnOnce() -> String) {
-        if !self.names.contains_key(&dev) {
-            self.names.insert(dev, name());
-        }
+        self.names.entry(dev).or_insert_with(name);
         let by_qd = self.by_qd;
         let stats = self.series.entry((dev, op)).or_default();
         if rec.kind == kind::MERGE {

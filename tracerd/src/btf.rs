@@ -120,8 +120,7 @@ impl Btf {
         let (type_off, type_len) = (u32_at(data, 8)? as usize, u32_at(data, 12)? as usize);
         let (str_off, str_len) = (u32_at(data, 16)? as usize, u32_at(data, 20)? as usize);
         let section = |off: usize, len: usize| {
-            data.get(hdr_len + off..hdr_len + off + len)
-                .ok_or(BtfError::Malformed("section out of bounds"))
+            data.get(hdr_len + off..hdr_len + off + len).ok_or(BtfError::Malformed("section out of bounds"))
         };
         let type_data = section(type_off, type_len)?.to_vec();
         let strings = section(str_off, str_len)?.to_vec();
@@ -156,14 +155,7 @@ impl Btf {
                 Kind::Enum | Kind::FuncProto => 8 * vlen as usize,
                 _ => 0,
             };
-            self.types.push(Type {
-                name_off,
-                kind,
-                vlen,
-                kind_flag: info >> 31 == 1,
-                size_or_type,
-                extra,
-            });
+            self.types.push(Type { name_off, kind, vlen, kind_flag: info >> 31 == 1, size_or_type, extra });
             off = extra + extra_len;
         }
         for id in 1..self.types.len() as u32 {
@@ -238,10 +230,10 @@ impl Btf {
             if m.name == name {
                 return Some(m);
             }
-            if m.name.is_empty() {
-                if let Some(inner) = self.find_member(m.type_id, name) {
-                    return Some(Member { bit_offset: m.bit_offset + inner.bit_offset, ..inner });
-                }
+            if m.name.is_empty()
+                && let Some(inner) = self.find_member(m.type_id, name)
+            {
+                return Some(Member { bit_offset: m.bit_offset + inner.bit_offset, ..inner });
             }
         }
         None
@@ -252,10 +244,9 @@ impl Btf {
         let mut id = self.find(strukt, Kind::Struct).ok_or_else(|| BtfError::NoStruct(strukt.into()))?;
         let mut bits = 0;
         for member in path {
-            let m = self.find_member(id, member).ok_or_else(|| BtfError::NoMember {
-                strukt: strukt.into(),
-                member: path.join("."),
-            })?;
+            let m = self
+                .find_member(id, member)
+                .ok_or_else(|| BtfError::NoMember { strukt: strukt.into(), member: path.join(".") })?;
             bits += m.bit_offset;
             id = m.type_id;
         }
@@ -350,8 +341,7 @@ pub(crate) mod tests {
         }
         /// `members`: (name, type id, byte offset).
         pub fn strukt(&mut self, name: &str, kind: u32, size: u32, members: &[(&str, u32, u32)]) -> u32 {
-            let recs: Vec<[u32; 3]> =
-                members.iter().map(|&(n, t, o)| [self.str(n), t, o * 8]).collect();
+            let recs: Vec<[u32; 3]> = members.iter().map(|&(n, t, o)| [self.str(n), t, o * 8]).collect();
             let id = self.header(name, kind, members.len() as u32, size);
             for r in recs.iter().flatten() {
                 self.types.extend_from_slice(&r.to_le_bytes());

@@ -36,7 +36,9 @@ pub struct TraceArgs {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run as an agent: trace until SIGINT/SIGTERM, serve Prometheus metrics.
-    #[command(after_help = "Example:\n  sudo tracerd run --listen 127.0.0.1:9560\n  curl -s 127.0.0.1:9560/metrics | grep tracerd_io_stage_seconds_count")]
+    #[command(
+        after_help = "Example:\n  sudo tracerd run --listen 127.0.0.1:9560\n  curl -s 127.0.0.1:9560/metrics | grep tracerd_io_stage_seconds_count"
+    )]
     Run {
         /// Address for /metrics and /healthz (loopback by default).
         #[arg(long, default_value = DEFAULT_LISTEN, value_name = "ADDR:PORT")]
@@ -45,7 +47,9 @@ pub enum Command {
         trace: TraceArgs,
     },
     /// Capture for a while, then print per-device, per-operation stage tables.
-    #[command(after_help = "Examples:\n  sudo tracerd report --duration 10\n  sudo tracerd report --device nvme0n1 --by qd\n  sudo tracerd report --duration 5 --json > capture.json")]
+    #[command(
+        after_help = "Examples:\n  sudo tracerd report --duration 10\n  sudo tracerd report --device nvme0n1 --by qd\n  sudo tracerd report --duration 5 --json > capture.json"
+    )]
     Report {
         /// Capture length in seconds (SIGINT ends it early and still reports).
         #[arg(long, default_value_t = 10.0, value_name = "SECS", value_parser = parse_duration)]
@@ -60,7 +64,9 @@ pub enum Command {
         trace: TraceArgs,
     },
     /// Print one line per IO as it completes.
-    #[command(after_help = "Examples:\n  sudo tracerd snoop --device loop0\n  sudo tracerd snoop --json --duration 5 > ios.jsonl")]
+    #[command(
+        after_help = "Examples:\n  sudo tracerd snoop --device loop0\n  sudo tracerd snoop --json --duration 5 > ios.jsonl"
+    )]
     Snoop {
         /// JSON lines instead of columns.
         #[arg(long)]
@@ -93,7 +99,6 @@ fn parse_ring_size(s: &str) -> Result<u32, String> {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,7 +109,9 @@ mod tests {
         Cli::command().debug_assert();
         assert!(Cli::try_parse_from(["tracerd", "report", "--duration", "0"]).is_err());
         assert!(Cli::try_parse_from(["tracerd", "run", "--ring-buffer-bytes", "5000"]).is_err());
-        let cli = Cli::try_parse_from(["tracerd", "report", "-d", "loop0", "--device", "loop1", "--by", "qd"]).unwrap();
+        let cli =
+            Cli::try_parse_from(["tracerd", "report", "-d", "loop0", "--device", "loop1", "--by", "qd"])
+                .unwrap();
         match cli.command {
             Command::Report { trace, by, .. } => {
                 assert_eq!(trace.devices, vec!["loop0", "loop1"]);

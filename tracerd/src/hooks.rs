@@ -3,8 +3,8 @@
 //! tried before raw_tp.
 
 use aya::{
-    programs::{BtfTracePoint, RawTracePoint},
     Btf as AyaBtf, Ebpf,
+    programs::{BtfTracePoint, RawTracePoint},
 };
 use serde::Serialize;
 
@@ -23,15 +23,57 @@ pub struct Hook {
 }
 
 pub const HOOKS: &[Hook] = &[
-    Hook { tracepoint: "block_bio_queue", stem: "bio_queue", pointer: "bio", variants: &[0, 1], required: false },
+    Hook {
+        tracepoint: "block_bio_queue",
+        stem: "bio_queue",
+        pointer: "bio",
+        variants: &[0, 1],
+        required: false,
+    },
     Hook { tracepoint: "block_getrq", stem: "getrq", pointer: "bio", variants: &[0, 1], required: false },
     Hook { tracepoint: "block_split", stem: "split", pointer: "bio", variants: &[0, 1], required: false },
-    Hook { tracepoint: "block_bio_backmerge", stem: "backmerge", pointer: "bio", variants: &[0, 2], required: false },
-    Hook { tracepoint: "block_bio_frontmerge", stem: "frontmerge", pointer: "bio", variants: &[0, 2], required: false },
-    Hook { tracepoint: "block_rq_insert", stem: "rq_insert", pointer: "request", variants: &[0, 1], required: false },
-    Hook { tracepoint: "block_rq_issue", stem: "rq_issue", pointer: "request", variants: &[0, 1], required: true },
-    Hook { tracepoint: "block_rq_requeue", stem: "rq_requeue", pointer: "request", variants: &[0, 1], required: false },
-    Hook { tracepoint: "block_rq_complete", stem: "rq_complete", pointer: "request", variants: &[0], required: true },
+    Hook {
+        tracepoint: "block_bio_backmerge",
+        stem: "backmerge",
+        pointer: "bio",
+        variants: &[0, 2],
+        required: false,
+    },
+    Hook {
+        tracepoint: "block_bio_frontmerge",
+        stem: "frontmerge",
+        pointer: "bio",
+        variants: &[0, 2],
+        required: false,
+    },
+    Hook {
+        tracepoint: "block_rq_insert",
+        stem: "rq_insert",
+        pointer: "request",
+        variants: &[0, 1],
+        required: false,
+    },
+    Hook {
+        tracepoint: "block_rq_issue",
+        stem: "rq_issue",
+        pointer: "request",
+        variants: &[0, 1],
+        required: true,
+    },
+    Hook {
+        tracepoint: "block_rq_requeue",
+        stem: "rq_requeue",
+        pointer: "request",
+        variants: &[0, 1],
+        required: false,
+    },
+    Hook {
+        tracepoint: "block_rq_complete",
+        stem: "rq_complete",
+        pointer: "request",
+        variants: &[0],
+        required: true,
+    },
 ];
 
 /// How a hook ended up: attached (and how), or skipped (and why).
@@ -64,7 +106,10 @@ impl Hook {
         if self.variants.contains(&pos) {
             Ok(pos)
         } else {
-            Err(format!("tracepoint {} has struct {} * at argument {pos}, which tracerd was not built for", self.tracepoint, self.pointer))
+            Err(format!(
+                "tracepoint {} has struct {} * at argument {pos}, which tracerd was not built for",
+                self.tracepoint, self.pointer
+            ))
         }
     }
 

@@ -2,7 +2,7 @@
 //! Each kernel difference is one named choice here, never a constant for one kernel.
 
 use anyhow::{Context, Result};
-use tracer_common::{bio_dev_path, rq_disk_path, KernelLayout};
+use tracer_common::{KernelLayout, bio_dev_path, rq_disk_path};
 
 use crate::btf::Btf;
 

@@ -7,9 +7,12 @@ use crate::{aggregate::Aggregator, hooks::HookStatus, stage::Stage};
 
 /// Bucket upper bounds (seconds): 1-2-5 steps from 1 µs to 50 s, then 60 s (the range top).
 pub const BUCKETS_S: [f64; 25] = [
-    1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2,
-    0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 60.0,
+    1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5,
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 60.0,
 ];
+
+/// A per-series counter: name, help, and how to read it.
+type Counter = (&'static str, &'static str, fn(&crate::aggregate::OpStats) -> u64);
 
 /// What `/metrics` shows: the aggregation plus tracerd's own health.
 #[derive(Debug, Default)]
@@ -44,11 +47,17 @@ pub fn render(state: &State) -> String {
     let mut out = String::with_capacity(64 * 1024);
     let series = state.agg.sorted();
 
-    header(&mut out, "tracerd_io_stage_seconds", "histogram", "Time IOs spent in each block-layer stage (blktrace intervals).");
+    header(
+        &mut out,
+        "tracerd_io_stage_seconds",
+        "histogram",
+        "Time IOs spent in each block-layer stage (blktrace intervals).",
+    );
     for (device, op, stats) in &series {
         for stage in Stage::ALL {
             let Some(h) = stats.stage(stage) else { continue };
-            let labels = format!("device=\"{}\",op=\"{}\",stage=\"{}\"", escape(device), op.as_str(), stage.as_str());
+            let labels =
+                format!("device=\"{}\",op=\"{}\",stage=\"{}\"", escape(device), op.as_str(), stage.as_str());
             let mut per_bucket = [0u64; BUCKETS_S.len()];
             let mut overflow = 0;
             for v in h.hist.iter_recorded() {
@@ -63,13 +72,17 @@ pub fn render(state: &State) -> String {
                 cumulative += n;
                 let _ = writeln!(out, "tracerd_io_stage_seconds_bucket{{{labels},le=\"{le}\"}} {cumulative}");
             }
-            let _ = writeln!(out, "tracerd_io_stage_seconds_bucket{{{labels},le=\"+Inf\"}} {}", cumulative + overflow);
+            let _ = writeln!(
+                out,
+                "tracerd_io_stage_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
+                cumulative + overflow
+            );
             let _ = writeln!(out, "tracerd_io_stage_seconds_sum{{{labels}}} {}", h.sum_ns as f64 / 1e9);
             let _ = writeln!(out, "tracerd_io_stage_seconds_count{{{labels}}} {}", h.count());
         }
     }
 
-    let counters: [(&str, &str, fn(&crate::aggregate::OpStats) -> u64); 4] = [
+    let counters: [Counter; 4] = [
         ("tracerd_io_requests_total", "Completed requests.", |s| s.requests),
         ("tracerd_io_bytes_total", "Bytes transferred by completed requests.", |s| s.bytes),
         ("tracerd_io_merged_bios_total", "Bios merged into an existing request.", |s| s.merged_bios),
@@ -78,18 +91,34 @@ pub fn render(state: &State) -> String {
     for (name, help, value) in counters {
         header(&mut out, name, "counter", help);
         for (device, op, stats) in &series {
-            let _ = writeln!(out, "{name}{{device=\"{}\",op=\"{}\"}} {}", escape(device), op.as_str(), value(stats));
+            let _ = writeln!(
+                out,
+                "{name}{{device=\"{}\",op=\"{}\"}} {}",
+                escape(device),
+                op.as_str(),
+                value(stats)
+            );
         }
     }
 
-    header(&mut out, "tracerd_events_lost_total", "counter", "Events tracerd could not account for, by reason.");
+    header(
+        &mut out,
+        "tracerd_events_lost_total",
+        "counter",
+        "Events tracerd could not account for, by reason.",
+    );
     for (reason, n) in state.agg.lost.reasons() {
         let _ = writeln!(out, "tracerd_events_lost_total{{reason=\"{reason}\"}} {n}");
     }
 
     header(&mut out, "tracerd_records_total", "counter", "Records read from the kernel ring buffer.");
     let _ = writeln!(out, "tracerd_records_total {}", state.records);
-    header(&mut out, "tracerd_traced_devices", "gauge", "Block devices (disks and partitions) traced in the kernel.");
+    header(
+        &mut out,
+        "tracerd_traced_devices",
+        "gauge",
+        "Block devices (disks and partitions) traced in the kernel.",
+    );
     let _ = writeln!(out, "tracerd_traced_devices {}", state.traced_devices);
     header(&mut out, "tracerd_hook_attached", "gauge", "1 for each block-layer hook attached, with how.");
     for h in state.hooks.iter().filter(|h| h.attached()) {
@@ -100,7 +129,12 @@ pub fn render(state: &State) -> String {
             h.attach_type.unwrap_or_default()
         );
     }
-    header(&mut out, "tracerd_hook_skipped", "gauge", "1 for each block-layer hook that could not be attached, with why.");
+    header(
+        &mut out,
+        "tracerd_hook_skipped",
+        "gauge",
+        "1 for each block-layer hook that could not be attached, with why.",
+    );
     for h in state.hooks.iter().filter(|h| !h.attached()) {
         let reason = escape(h.reason.as_deref().unwrap_or(""));
         let _ = writeln!(out, "tracerd_hook_skipped{{hook=\"{}\",reason=\"{reason}\"}} 1", h.hook);
@@ -119,7 +153,7 @@ pub fn render(state: &State) -> String {
 mod tests {
     use super::*;
     use crate::op::Op;
-    use tracer_common::{event, kind, IoRecord};
+    use tracer_common::{IoRecord, event, kind};
 
     fn sample_state() -> State {
         let mut agg = Aggregator::new(false);
@@ -131,7 +165,12 @@ mod tests {
         agg.lost.kernel[0] = 2;
         let hooks = vec![
             HookStatus { hook: "block_rq_issue", attach_type: Some("tp_btf"), program: None, reason: None },
-            HookStatus { hook: "block_split", attach_type: None, program: None, reason: Some("not in this kernel".into()) },
+            HookStatus {
+                hook: "block_split",
+                attach_type: None,
+                program: None,
+                reason: Some("not in this kernel".into()),
+            },
         ];
         State { agg, hooks, kernel: "6.18".into(), traced_devices: 1, records: 3 }
     }
@@ -150,18 +189,24 @@ mod tests {
         assert!(text.contains("tracerd_io_bytes_total{device=\"lo\\\"op\\\\0\",op=\"write\"} 12288\n"));
         assert!(text.contains("tracerd_events_lost_total{reason=\"ringbuf_full\"} 2\n"));
         assert!(text.contains("tracerd_hook_attached{hook=\"block_rq_issue\",attach_type=\"tp_btf\"} 1\n"));
-        assert!(text.contains("tracerd_hook_skipped{hook=\"block_split\",reason=\"not in this kernel\"} 1\n"));
+        assert!(
+            text.contains("tracerd_hook_skipped{hook=\"block_split\",reason=\"not in this kernel\"} 1\n")
+        );
     }
 
     #[test]
     fn every_sample_line_belongs_to_a_declared_family() {
         let text = render(&sample_state());
-        let families: Vec<&str> =
-            text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).map(|l| l.split(' ').next().unwrap()).collect();
+        let families: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| l.split(' ').next().unwrap())
+            .collect();
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let name = line.split(['{', ' ']).next().unwrap();
             assert!(
-                families.iter().any(|f| name == *f || name.strip_prefix(f).is_some_and(|s| ["_bucket", "_sum", "_count"].contains(&s))),
+                families.iter().any(|f| name == *f
+                    || name.strip_prefix(f).is_some_and(|s| ["_bucket", "_sum", "_count"].contains(&s))),
                 "{name} undeclared"
             );
             assert!(name.starts_with("tracerd_"));

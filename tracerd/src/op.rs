@@ -18,7 +18,6 @@ pub enum Op {
 }
 
 impl Op {
-
     pub fn as_str(self) -> &'static str {
         match self {
             Op::Read => "read",

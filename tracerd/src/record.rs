@@ -2,7 +2,7 @@
 //! the reader counts, never a panic or a silently wrong IO.
 
 use thiserror::Error;
-use tracer_common::{kind, IoRecord};
+use tracer_common::{IoRecord, kind};
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum RecordError {

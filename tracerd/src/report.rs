@@ -16,9 +16,9 @@ use crate::{
     hooks::HookStatus,
     op::Op,
     selection::Selection,
-    session::{shutdown_signal, Session},
+    session::{Session, shutdown_signal},
     stage::Stage,
-    tracer::{kernel_release, LoadOptions},
+    tracer::{LoadOptions, kernel_release},
     units,
 };
 
@@ -108,7 +108,13 @@ impl OpReport {
             errors: s.errors,
             iops: s.requests as f64 / duration_s,
             bytes_per_second: s.bytes as f64 / duration_s,
-            paths: s.paths.iter().enumerate().filter(|(_, n)| **n > 0).map(|(m, n)| (path_name(m), *n)).collect(),
+            paths: s
+                .paths
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| **n > 0)
+                .map(|(m, n)| (path_name(m), *n))
+                .collect(),
             stages: summaries(&s.stages),
             by_queue_depth: s
                 .by_qd
@@ -120,7 +126,13 @@ impl OpReport {
 }
 
 impl Report {
-    pub fn build(agg: &Aggregator, lost: &Lost, hooks: &[HookStatus], kernel: &str, duration_s: f64) -> Report {
+    pub fn build(
+        agg: &Aggregator,
+        lost: &Lost,
+        hooks: &[HookStatus],
+        kernel: &str,
+        duration_s: f64,
+    ) -> Report {
         let duration_s = duration_s.max(1e-9);
         let mut devices: Vec<DeviceReport> = Vec::new();
         for (device, op, stats) in agg.sorted() {
@@ -151,8 +163,10 @@ impl Report {
                 render_op(&mut out, &d.device, op);
             }
         }
-        let lost: Vec<String> = self.lost.iter().filter(|(_, n)| **n > 0).map(|(r, n)| format!("{r} {n}")).collect();
-        let _ = writeln!(out, "\nlost events: {}", if lost.is_empty() { "none".into() } else { lost.join(", ") });
+        let lost: Vec<String> =
+            self.lost.iter().filter(|(_, n)| **n > 0).map(|(r, n)| format!("{r} {n}")).collect();
+        let _ =
+            writeln!(out, "\nlost events: {}", if lost.is_empty() { "none".into() } else { lost.join(", ") });
         for h in self.hooks.iter().filter(|h| !h.attached()) {
             let _ = writeln!(out, "skipped hook {}: {}", h.hook, h.reason.as_deref().unwrap_or("unknown"));
         }
@@ -229,7 +243,13 @@ fn render_op(out: &mut String, device: &str, op: &OpReport) {
 }
 
 /// Captures for `duration` seconds (or until SIGINT), then prints the report.
-pub async fn report(duration: f64, json: bool, by_qd: bool, selection: Selection, opts: LoadOptions) -> Result<()> {
+pub async fn report(
+    duration: f64,
+    json: bool,
+    by_qd: bool,
+    selection: Selection,
+    opts: LoadOptions,
+) -> Result<()> {
     let mut session = Session::start(selection, &opts)?;
     let ops = session.tracer.ops;
     let base = session.lost()?;
@@ -277,13 +297,14 @@ pub async fn report(duration: f64, json: bool, by_qd: bool, selection: Selection
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tracer_common::{event, kind, IoRecord};
+    use tracer_common::{IoRecord, event, kind};
 
     fn agg() -> Aggregator {
         let mut agg = Aggregator::new(true);
         for (i, qd) in [(1u64, 1u32), (2, 1), (3, 2)] {
             let mut r = IoRecord { kind: kind::REQUEST, bytes: 4096, queue_depth: qd, ..Default::default() };
-            (r.ts[event::Q], r.ts[event::G], r.ts[event::D], r.ts[event::C]) = (1000, 2000, 3000, 3000 + i * 10_000);
+            (r.ts[event::Q], r.ts[event::G], r.ts[event::D], r.ts[event::C]) =
+                (1000, 2000, 3000, 3000 + i * 10_000);
             agg.add(7, Op::Read, &r, || "loop0".into());
         }
         agg
@@ -298,7 +319,13 @@ mod tests {
         assert_eq!(op.stages[&Stage::D2c].count, 3);
         assert!((op.stages[&Stage::D2c].mean_s - 20e-6).abs() < 1e-9);
         assert!(!op.stages.contains_key(&Stage::G2i));
-        assert_eq!(op.by_queue_depth.iter().map(|q| (q.queue_depth, q.stages[&Stage::D2c].count)).collect::<Vec<_>>(), vec![(1, 2), (2, 1)]);
+        assert_eq!(
+            op.by_queue_depth
+                .iter()
+                .map(|q| (q.queue_depth, q.stages[&Stage::D2c].count))
+                .collect::<Vec<_>>(),
+            vec![(1, 2), (2, 1)]
+        );
         let json: serde_json::Value = serde_json::to_value(&r).unwrap();
         assert_eq!(json["devices"][0]["ops"][0]["stages"]["g2d"]["count"], 3);
         assert_eq!(json["lost"]["ringbuf_full"], 0);

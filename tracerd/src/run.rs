@@ -12,9 +12,9 @@ use crate::{
     aggregate::Aggregator,
     http,
     metrics::State,
-    session::{shutdown_signal, Session},
     selection::Selection,
-    tracer::{kernel_release, LoadOptions},
+    session::{Session, shutdown_signal},
+    tracer::{LoadOptions, kernel_release},
 };
 
 /// How often devices are rescanned and lost counters refreshed.
@@ -35,11 +35,7 @@ pub async fn run(listen: SocketAddr, selection: Selection, opts: LoadOptions) ->
         records: 0,
     }));
     tokio::spawn(http::serve(listener, state.clone()));
-    let attached = session.tracer.hooks.iter().filter(|h| h.attached()).count();
-    tracing::info!(
-        "tracing {} block devices with {attached} hooks; metrics on http://{listen}/metrics",
-        session.resolved.kernel_devs.len()
-    );
+    tracing::info!("metrics on http://{listen}/metrics");
     let mut tick = tokio::time::interval(HOUSEKEEPING);
     let mut ticks = 0u64;
     let shutdown = shutdown_signal();
@@ -52,7 +48,7 @@ pub async fn run(listen: SocketAddr, selection: Selection, opts: LoadOptions) ->
             }) => r?,
             _ = tick.tick() => {
                 ticks += 1;
-                if ticks % SWEEP_EVERY == 0 {
+                if ticks.is_multiple_of(SWEEP_EVERY) {
                     session.sweep()?;
                 }
                 session.refresh_devices()?;

@@ -40,6 +40,8 @@ impl Session {
         let mut tracer = Tracer::load(opts)?;
         tracer.set_devices(&resolved.kernel_devs)?;
         // SAFETY: the ring buffer owns its fd and lives inside the AsyncFd until both drop.
+        let attached = tracer.hooks.iter().filter(|h| h.attached()).count();
+        tracing::info!("attached {attached} hooks; tracing {} block devices", resolved.kernel_devs.len());
         let events = unsafe { AsyncFd::register(tracer.take_events()?) }
             .map_err(|e| anyhow::anyhow!("cannot poll the ring buffer: {e}"))?;
         Ok(Session { tracer, topo, selection, resolved, events, own_lost: Lost::default(), records: 0 })
@@ -118,7 +120,7 @@ fn drain(
 
 /// Resolves on SIGINT or SIGTERM.
 pub async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
+    use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
     tokio::select! {

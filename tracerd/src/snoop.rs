@@ -8,14 +8,14 @@ use std::{
 
 use anyhow::Result;
 use serde::Serialize;
-use tracer_common::{event, flag, kind, IoRecord};
+use tracer_common::{IoRecord, event, flag, kind};
 
 use crate::{
     op::{Op, OpDecoder},
     record::comm,
     selection::Selection,
-    session::{shutdown_signal, Session},
-    stage::{path, Stage},
+    session::{Session, shutdown_signal},
+    stage::{Stage, path},
     topology::Topology,
     tracer::LoadOptions,
     units,
@@ -35,7 +35,9 @@ impl<W: Write> Printer<W> {
         let name: &String = self.names.entry(dev).or_insert_with(|| topo.name_of(dev));
         let line = line(name, rec, &self.ops, topo);
         let r = if self.json {
-            serde_json::to_writer(&mut self.out, &line).map_err(std::io::Error::from).and_then(|_| writeln!(self.out))
+            serde_json::to_writer(&mut self.out, &line)
+                .map_err(std::io::Error::from)
+                .and_then(|_| writeln!(self.out))
         } else {
             write_text(&mut self.out, &line)
         };
@@ -78,11 +80,18 @@ pub fn line<'a>(device: &'a str, rec: &'a IoRecord, ops: &OpDecoder, topo: &Topo
     Stage::each_of(rec, |s, ns| {
         stages_ns.insert(s, ns);
     });
-    let events_ns = [("q", event::Q), ("g", event::G), ("i", event::I), ("d", event::D), ("c", event::C), ("m", event::M)]
-        .into_iter()
-        .filter(|(_, e)| rec.ts[*e] != 0)
-        .map(|(n, e)| (n, rec.ts[e]))
-        .collect();
+    let events_ns = [
+        ("q", event::Q),
+        ("g", event::G),
+        ("i", event::I),
+        ("d", event::D),
+        ("c", event::C),
+        ("m", event::M),
+    ]
+    .into_iter()
+    .filter(|(_, e)| rec.ts[*e] != 0)
+    .map(|(n, e)| (n, rec.ts[e]))
+    .collect();
     SnoopLine {
         kind: if rec.kind == kind::MERGE { "merge" } else { "request" },
         device,
@@ -104,10 +113,15 @@ pub fn line<'a>(device: &'a str, rec: &'a IoRecord, ops: &OpDecoder, topo: &Topo
 }
 
 /// Stages shown as text columns, in order.
-const COLUMNS: [Stage; 7] = [Stage::Q2g, Stage::G2i, Stage::I2d, Stage::G2d, Stage::D2c, Stage::Q2c, Stage::Q2m];
+const COLUMNS: [Stage; 7] =
+    [Stage::Q2g, Stage::G2i, Stage::I2d, Stage::G2d, Stage::D2c, Stage::Q2c, Stage::Q2m];
 
 pub fn write_header(out: &mut dyn Write) -> std::io::Result<()> {
-    write!(out, "{:<12} {:<15} {:>7} {:<10} {:<5} {:>12} {:>7} {:>4} {:<6}", "DEVICE", "COMM", "PID", "OP", "RWBS", "SECTOR", "BYTES", "QD", "PATH")?;
+    write!(
+        out,
+        "{:<12} {:<15} {:>7} {:<10} {:<5} {:>12} {:>7} {:>4} {:<6}",
+        "DEVICE", "COMM", "PID", "OP", "RWBS", "SECTOR", "BYTES", "QD", "PATH"
+    )?;
     for s in COLUMNS {
         write!(out, " {:>8}", s.as_str().to_uppercase())?;
     }

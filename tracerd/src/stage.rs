@@ -2,7 +2,7 @@
 //! The one place that decides the stage list; metrics, report and snoop all ask here.
 
 use serde::Serialize;
-use tracer_common::{event, kind, IoRecord};
+use tracer_common::{IoRecord, event, kind};
 
 /// An interval between two block-layer events.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]

@@ -7,7 +7,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 
 /// Kernel-internal `dev_t` (what the programs read from `bd_dev`): major << 20 | minor.
 pub fn kernel_dev(major: u32, minor: u32) -> u32 {

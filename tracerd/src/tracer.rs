@@ -3,16 +3,16 @@
 
 use std::{collections::HashSet, time::Duration};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 use aya::{
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     Btf as AyaBtf, Ebpf, EbpfLoader,
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
 };
-use tracer_common::{lost, names, BioState, DeviceState, RequestState};
+use tracer_common::{BioState, DeviceState, RequestState, lost, names};
 
 use crate::{
     btf::{Btf, VMLINUX},
-    hooks::{HookStatus, HOOKS},
+    hooks::{HOOKS, HookStatus},
     layout,
     op::OpDecoder,
 };
@@ -82,7 +82,8 @@ fn raise_memlock() {
 
 /// Kernel release (`uname -r`).
 pub fn kernel_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease").map_or_else(|_| "unknown".into(), |s| s.trim().into())
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map_or_else(|_| "unknown".into(), |s| s.trim().into())
 }
 
 impl Tracer {
@@ -125,7 +126,8 @@ impl Tracer {
 
     /// The kernel's lost-event counters, summed over CPUs.
     pub fn kernel_lost(&self) -> Result<[u64; lost::KERNEL_COUNT as usize]> {
-        let map: PerCpuArray<_, u64> = PerCpuArray::try_from(self.ebpf.map(names::LOST).context("LOST map")?)?;
+        let map: PerCpuArray<_, u64> =
+            PerCpuArray::try_from(self.ebpf.map(names::LOST).context("LOST map")?)?;
         let mut out = [0; lost::KERNEL_COUNT as usize];
         for (i, slot) in out.iter_mut().enumerate() {
             *slot = map.get(&(i as u32), 0)?.iter().sum();
@@ -153,8 +155,12 @@ impl Tracer {
         let cutoff = monotonic_ns().saturating_sub(max_age.as_nanos() as u64);
         let mut bios: BpfHashMap<_, u64, BioState> =
             BpfHashMap::try_from(self.ebpf.map_mut(names::BIOS).context("BIOS map")?)?;
-        let old: Vec<u64> =
-            bios.iter().filter_map(Result::ok).filter(|(_, s)| s.queued_ns < cutoff).map(|(k, _)| k).collect();
+        let old: Vec<u64> = bios
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, s)| s.queued_ns < cutoff)
+            .map(|(k, _)| k)
+            .collect();
         let stale_bios = old.iter().filter(|k| bios.remove(k).is_ok()).count() as u64;
         let mut requests: BpfHashMap<_, u64, RequestState> =
             BpfHashMap::try_from(self.ebpf.map_mut(names::REQUESTS).context("REQUESTS map")?)?;

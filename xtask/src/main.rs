@@ -1,1 +1,147 @@
-fn main(){}
+//! `cargo xtask`: everything between a fresh clone and a running, tested tracerd.
+//!
+//! - `setup`       install what is missing (apt packages, nightly rust-src, bpf-linker)
+//! - `build-ebpf`  build the kernel object (nightly, bpfel-unknown-none, bpf-linker)
+//! - `build`       setup + kernel object + tracerd (release)
+//! - `run`         build, then `tracerd run` (extra arguments go to tracerd)
+//! - `test`        build, then unit tests and the real-kernel integration tests
+
+mod setup;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Build, run and test tracerd")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what building and testing need (Debian, as root), or say what is missing.
+    Setup {
+        /// Also install what the tests need.
+        #[arg(long)]
+        test: bool,
+    },
+    /// Build the eBPF object.
+    BuildEbpf,
+    /// Set up, then build the eBPF object and tracerd (release).
+    Build,
+    /// Build, then run tracerd (default arguments: `run`); e.g. `cargo xtask run -- report --duration 5`.
+    Run {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Build, then run every test: unit tests, then integration tests against the running kernel.
+    Test {
+        /// Only the unit tests (no root, no kernel).
+        #[arg(long)]
+        unit_only: bool,
+    },
+}
+
+fn main() {
+    if let Err(e) = real_main() {
+        eprintln!("xtask: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn real_main() -> Result<()> {
+    match Cli::parse().command {
+        Cmd::Setup { test } => setup::ensure(test),
+        Cmd::BuildEbpf => build_ebpf(),
+        Cmd::Build => build(false),
+        Cmd::Run { args } => {
+            build(false)?;
+            let args = if args.is_empty() { vec!["run".to_string()] } else { args };
+            if !setup::is_root() {
+                bail!(
+                    "tracerd loads kernel programs and needs root (or CAP_BPF+CAP_PERFMON): \
+                     sudo {} {}",
+                    tracerd_bin().display(),
+                    args.join(" ")
+                );
+            }
+            run(Command::new(tracerd_bin()).args(&args), "tracerd")
+        }
+        Cmd::Test { unit_only } => test(unit_only),
+    }
+}
+
+pub fn root_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+}
+
+pub fn tracerd_bin() -> PathBuf {
+    root_dir().join("target/release/tracerd")
+}
+
+/// Runs a command, failing with its name if it fails.
+pub fn run(cmd: &mut Command, what: &str) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("cannot start {what}"))?;
+    if !status.success() {
+        bail!("{what} failed ({status})");
+    }
+    Ok(())
+}
+
+/// A cargo command free of the outer cargo's environment (toolchain, target dir).
+fn cargo(toolchain: Option<&str>) -> Command {
+    let mut cmd = Command::new("cargo");
+    if let Some(t) = toolchain {
+        cmd.arg(format!("+{t}"));
+    }
+    for var in
+        ["RUSTUP_TOOLCHAIN", "RUSTC", "RUSTC_WRAPPER", "RUSTFLAGS", "CARGO_TARGET_DIR", "CARGO_BUILD_TARGET"]
+    {
+        cmd.env_remove(var);
+    }
+    cmd.current_dir(root_dir());
+    cmd
+}
+
+fn build_ebpf() -> Result<()> {
+    let mut cmd = cargo(Some("nightly"));
+    cmd.current_dir(root_dir().join("tracer-ebpf")).args(["build", "--release"]);
+    run(&mut cmd, "building the eBPF object (cargo +nightly build in tracer-ebpf)")
+}
+
+fn build(for_tests: bool) -> Result<()> {
+    setup::ensure(for_tests)?;
+    build_ebpf()?;
+    let mut cmd = cargo(None);
+    cmd.args(["build", "--release", "-p", "tracerd"]);
+    run(&mut cmd, "building tracerd")
+}
+
+fn test(unit_only: bool) -> Result<()> {
+    build(!unit_only)?;
+    run(cargo(None).args(["fmt", "--all", "--check"]), "cargo fmt --check")?;
+    run(
+        cargo(None).args(["clippy", "--workspace", "--all-targets", "--release", "--", "-D", "warnings"]),
+        "cargo clippy",
+    )?;
+    run(cargo(None).args(["test", "--release", "-p", "tracer-common", "-p", "tracerd"]), "unit tests")?;
+    if unit_only {
+        return Ok(());
+    }
+    if !setup::is_root() {
+        bail!(
+            "the integration tests load programs into the running kernel and create loop devices: \
+             run `sudo cargo xtask test` (or `cargo xtask test --unit-only` for the unit tests alone)"
+        );
+    }
+    let mut cmd = cargo(None);
+    cmd.args(["test", "--release", "-p", "tracerd-tests", "--", "--test-threads=1"])
+        .env("TRACERD_BIN", tracerd_bin());
+    run(&mut cmd, "integration tests (host kernel)")
+}

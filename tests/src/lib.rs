@@ -1,0 +1,334 @@
+//! Harness for tracerd's integration tests: loop devices on /dev/shm, the real tracerd binary,
+//! the iogen workload generator, and a Prometheus text parser. Everything created is removed
+//! on drop, also when a test fails.
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    path::PathBuf,
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, Instant},
+};
+
+/// The integration tests load programs into the running kernel: they need root.
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "these tests load eBPF programs and create loop devices: run them as root (sudo cargo xtask test)"
+    );
+}
+
+pub fn tracerd_bin() -> PathBuf {
+    std::env::var_os("TRACERD_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/tracerd"))
+}
+
+/// iogen, built beside the test binaries (target/<profile>/iogen).
+pub fn iogen_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let profile_dir = exe.parent().and_then(|deps| deps.parent()).expect("target/<profile>");
+    profile_dir.join("iogen")
+}
+
+fn unique(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!("{prefix}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+fn cmd_output(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("spawn");
+    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// A loop device backed by a file on /dev/shm.
+pub struct LoopDevice {
+    /// Kernel name (loop3).
+    pub name: String,
+    /// /dev/loop3
+    pub path: String,
+    backing: PathBuf,
+}
+
+impl LoopDevice {
+    pub fn new(size_mib: u64) -> LoopDevice {
+        let backing = PathBuf::from("/dev/shm").join(unique("tracerd-test") + ".img");
+        let f = fs::File::create(&backing).expect("backing file");
+        f.set_len(size_mib << 20).expect("size backing file");
+        let path = cmd_output(Command::new("losetup").args(["--find", "--show"]).arg(&backing));
+        let name = path.trim_start_matches("/dev/").to_owned();
+        // Let udev-less systems settle the new device's partition scan.
+        std::thread::sleep(Duration::from_millis(200));
+        LoopDevice { name, path, backing }
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.path]).status();
+        let _ = fs::remove_file(&self.backing);
+    }
+}
+
+/// What iogen did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Workload {
+    pub write: bool,
+    pub count: u64,
+    pub size: u64,
+    pub qd: u64,
+}
+
+impl Workload {
+    pub fn bytes(&self) -> u64 {
+        self.count * self.size
+    }
+
+    pub fn op(&self) -> &'static str {
+        if self.write { "write" } else { "read" }
+    }
+
+    /// Runs the workload with O_DIRECT on `dev`; panics unless every IO succeeded.
+    pub fn run(&self, dev: &LoopDevice) {
+        let out = Command::new(iogen_bin())
+            .args([
+                &dev.path,
+                self.op(),
+                &self.count.to_string(),
+                &self.size.to_string(),
+                &self.qd.to_string(),
+            ])
+            .output()
+            .expect("spawn iogen");
+        assert!(out.status.success(), "iogen failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+/// A tracerd process; killed on drop if still running.
+pub struct Tracerd {
+    child: Child,
+    pub stdout: PathBuf,
+    pub stderr: PathBuf,
+    pub addr: Option<String>,
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Tracerd {
+    /// Starts `tracerd ARGS`, waiting until it has attached its programs.
+    pub fn spawn(args: &[&str]) -> Tracerd {
+        let stdout = std::env::temp_dir().join(unique("tracerd-stdout"));
+        let stderr = std::env::temp_dir().join(unique("tracerd-stderr"));
+        let child = Command::new(tracerd_bin())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(fs::File::create(&stdout).unwrap())
+            .stderr(fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", tracerd_bin().display()));
+        let mut t = Tracerd { child, stdout, stderr, addr: None };
+        t.wait_for_stderr("attached", Duration::from_secs(30));
+        t
+    }
+
+    /// `tracerd run` on a free loopback port, serving /metrics.
+    pub fn run(extra: &[&str]) -> Tracerd {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let mut args = vec!["run", "--listen", &addr];
+        args.extend_from_slice(extra);
+        let mut t = Tracerd::spawn(&args);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while http_get(&addr, "/healthz").map(|(s, _)| s) != Some(200) {
+            assert!(Instant::now() < deadline, "tracerd never answered /healthz:\n{}", t.stderr_text());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        t.addr = Some(addr);
+        t
+    }
+
+    pub fn stderr_text(&self) -> String {
+        fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    pub fn stdout_text(&self) -> String {
+        fs::read_to_string(&self.stdout).unwrap_or_default()
+    }
+
+    fn wait_for_stderr(&mut self, needle: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.stderr_text().contains(needle) {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("tracerd exited ({status}) before '{needle}':\n{}", self.stderr_text());
+            }
+            assert!(Instant::now() < deadline, "tracerd never logged '{needle}':\n{}", self.stderr_text());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Sends a signal and waits for the exit.
+    pub fn stop(&mut self, signal: i32) -> ExitStatus {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.pid(), signal) };
+        self.wait(Duration::from_secs(20))
+    }
+
+    /// Waits for the process to exit by itself.
+    pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "tracerd did not exit:\n{}", self.stderr_text());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn metrics(&self) -> Metrics {
+        let addr = self.addr.as_deref().expect("not a `run` instance");
+        let (status, body) = http_get(addr, "/metrics").expect("scrape");
+        assert_eq!(status, 200);
+        Metrics::parse(&body)
+    }
+}
+
+impl Drop for Tracerd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = fs::remove_file(&self.stdout);
+        let _ = fs::remove_file(&self.stderr);
+    }
+}
+
+/// Runs tracerd to completion (for error cases): (exit status, stdout, stderr).
+pub fn tracerd_output(args: &[&str]) -> (ExitStatus, String, String) {
+    let out = Command::new(tracerd_bin()).args(args).stdin(Stdio::null()).output().expect("spawn tracerd");
+    (out.status, String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+/// A minimal HTTP GET: (status, body).
+pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).ok()?;
+    let status = resp.split_whitespace().nth(1)?.parse().ok()?;
+    let body = resp.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Some((status, body))
+}
+
+/// Parsed Prometheus text exposition: (name, sorted labels) -> value.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub samples: BTreeMap<(String, BTreeMap<String, String>), f64>,
+}
+
+impl Metrics {
+    pub fn parse(text: &str) -> Metrics {
+        let mut m = Metrics::default();
+        for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+            let (series, value) = line.rsplit_once(' ').expect("sample line");
+            let (name, labels) = match series.split_once('{') {
+                Some((n, rest)) => (n, parse_labels(rest.strip_suffix('}').expect("closing brace"))),
+                None => (series, BTreeMap::new()),
+            };
+            let value = match value {
+                "+Inf" => f64::INFINITY,
+                v => v.parse().unwrap_or_else(|_| panic!("bad value in {line}")),
+            };
+            m.samples.insert((name.to_owned(), labels), value);
+        }
+        m
+    }
+
+    /// The sample with exactly these labels (0 if absent: counters start at zero).
+    pub fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let labels: BTreeMap<String, String> =
+            labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        self.samples.get(&(name.to_owned(), labels)).copied().unwrap_or(0.0)
+    }
+
+    /// Sum over samples of `name` whose labels include `labels`.
+    pub fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.samples
+            .iter()
+            .filter(|((n, l), _)| {
+                n == name && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+            })
+            .map(|(_, v)| v)
+            .sum()
+    }
+}
+
+fn parse_labels(s: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut chars = s.chars().peekable();
+    loop {
+        let key: String = chars.by_ref().take_while(|&c| c != '=').collect();
+        if key.is_empty() {
+            return out;
+        }
+        assert_eq!(chars.next(), Some('"'));
+        let mut value = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => match chars.next() {
+                    Some('n') => value.push('\n'),
+                    Some(c) => value.push(c),
+                    None => break,
+                },
+                '"' => break,
+                c => value.push(c),
+            }
+        }
+        out.insert(key.trim_start_matches(',').to_owned(), value);
+        if chars.peek() == Some(&',') {
+            chars.next();
+        }
+    }
+}
+
+/// Polls `f` until it returns true or `timeout` passes.
+pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    f()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_exposition_with_escapes() {
+        let m = Metrics::parse(
+            "# HELP x y\nx_total{a=\"1\",b=\"q\\\"u\\\\o\"} 3\nup 1\nh_bucket{le=\"+Inf\"} 2\n",
+        );
+        assert_eq!(m.get("x_total", &[("a", "1"), ("b", "q\"u\\o")]), 3.0);
+        assert_eq!(m.get("up", &[]), 1.0);
+        assert_eq!(m.sum("h_bucket", &[("le", "+Inf")]), 2.0);
+        assert_eq!(m.get("missing", &[]), 0.0);
+    }
+}

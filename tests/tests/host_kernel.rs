@@ -1,0 +1,248 @@
+//! tracerd against the running (host) kernel: real programs, a real loop device, real IO with a
+//! known count, size, op and queue depth; what was traced must equal what was done.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use serde_json::Value;
+use tracerd_tests::{LoopDevice, Metrics, Tracerd, Workload, eventually, require_root, tracerd_output};
+
+const QD1_AND_QD16: [Workload; 4] = [
+    Workload { write: true, count: 300, size: 4096, qd: 1 },
+    Workload { write: false, count: 200, size: 65536, qd: 1 },
+    Workload { write: true, count: 500, size: 8192, qd: 16 },
+    Workload { write: false, count: 400, size: 4096, qd: 16 },
+];
+
+/// (requests, bytes) per op of a set of workloads.
+fn expected(workloads: &[Workload]) -> BTreeMap<&'static str, (u64, u64)> {
+    let mut m = BTreeMap::new();
+    for w in workloads {
+        let e = m.entry(w.op()).or_insert((0, 0));
+        e.0 += w.count;
+        e.1 += w.bytes();
+    }
+    m
+}
+
+fn requests(m: &Metrics, dev: &str, op: &str) -> u64 {
+    m.get("tracerd_io_requests_total", &[("device", dev), ("op", op)]) as u64
+}
+
+fn stage_count(m: &Metrics, dev: &str, op: &str, stage: &str) -> u64 {
+    m.get("tracerd_io_stage_seconds_count", &[("device", dev), ("op", op), ("stage", stage)]) as u64
+}
+
+#[test]
+fn metrics_and_report_count_every_io_at_qd1_and_qd16() {
+    require_root();
+    let dev = LoopDevice::new(256);
+    let agent = Tracerd::run(&["--device", &dev.name]);
+    let report =
+        Tracerd::spawn(&["report", "--duration", "8", "--json", "--by", "qd", "--device", &dev.name]);
+    for w in &QD1_AND_QD16 {
+        w.run(&dev);
+    }
+    let want = expected(&QD1_AND_QD16);
+    let settled = eventually(Duration::from_secs(10), || {
+        let m = agent.metrics();
+        want.iter().all(|(op, (n, _))| requests(&m, &dev.name, op) == *n)
+    });
+    let m = agent.metrics();
+    assert!(settled, "metrics never reached the issued counts: {want:?}\n{:?}", m.samples);
+    for (op, (n, bytes)) in &want {
+        assert_eq!(requests(&m, &dev.name, op), *n, "{op} requests");
+        assert_eq!(
+            m.get("tracerd_io_bytes_total", &[("device", &dev.name), ("op", op)]) as u64,
+            *bytes,
+            "{op} bytes"
+        );
+        assert_eq!(
+            m.get("tracerd_io_merged_bios_total", &[("device", &dev.name), ("op", op)]),
+            0.0,
+            "{op}: iogen never merges"
+        );
+        // Every request was issued and completed, and every one was queued while traced.
+        assert_eq!(stage_count(&m, &dev.name, op, "d2c"), *n, "{op} d2c count");
+        assert_eq!(stage_count(&m, &dev.name, op, "q2c"), *n, "{op} q2c count");
+        // The +Inf bucket is the count.
+        let inf = m.get(
+            "tracerd_io_stage_seconds_bucket",
+            &[("device", &dev.name), ("op", op), ("stage", "d2c"), ("le", "+Inf")],
+        );
+        assert_eq!(inf as u64, *n);
+        // Direct dispatch or insert: each request has exactly one of G2D and I2D.
+        let g2d = stage_count(&m, &dev.name, op, "g2d");
+        let i2d = stage_count(&m, &dev.name, op, "i2d");
+        assert_eq!(g2d + i2d, *n, "{op}: g2d {g2d} + i2d {i2d}");
+    }
+    let lost = m.sum("tracerd_events_lost_total", &[]);
+    assert_eq!(lost, 0.0, "no event may be lost at this rate");
+    assert_eq!(m.sum("tracerd_hook_attached", &[]), 9.0, "all nine hooks attach on this kernel");
+
+    // report --json, captured over the same IO, agrees with /metrics.
+    let mut report = report;
+    assert!(report.wait(Duration::from_secs(30)).success(), "report failed:\n{}", report.stderr_text());
+    let json: Value = serde_json::from_str(&report.stdout_text()).expect("report --json is JSON");
+    let device = json["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["device"] == dev.name.as_str())
+        .expect("device in report");
+    for op in device["ops"].as_array().unwrap() {
+        let name = op["op"].as_str().unwrap();
+        let (n, bytes) = want[name];
+        assert_eq!(op["requests"].as_u64().unwrap(), n, "report {name} requests");
+        assert_eq!(op["bytes"].as_u64().unwrap(), bytes, "report {name} bytes");
+        assert_eq!(op["requests"].as_u64().unwrap(), requests(&m, &dev.name, name));
+        for stage in ["q2c", "d2c", "q2d"] {
+            assert_eq!(
+                op["stages"][stage]["count"].as_u64().unwrap(),
+                stage_count(&m, &dev.name, name, stage),
+                "{name} {stage}"
+            );
+        }
+        // --by qd: per-depth counts add up to the whole.
+        let by_qd: u64 = op["by_queue_depth"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|q| q["stages"]["d2c"]["count"].as_u64().unwrap())
+            .sum();
+        assert_eq!(by_qd, n, "{name} by-qd counts");
+        let max_qd = op["by_queue_depth"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|q| q["queue_depth"].as_u64().unwrap())
+            .max()
+            .unwrap();
+        assert!(max_qd <= 16, "{name}: queue depth {max_qd} above what iogen kept in flight");
+    }
+    assert_eq!(device["ops"].as_array().unwrap().len(), want.len());
+    assert!(json["lost"].as_object().unwrap().values().all(|v| v == 0), "{}", json["lost"]);
+}
+
+#[test]
+fn snoop_lines_have_ordered_stages_and_match_the_workload() {
+    require_root();
+    let dev = LoopDevice::new(128);
+    let mut snoop = Tracerd::spawn(&["snoop", "--json", "--device", &dev.name]);
+    let workloads = [
+        Workload { write: true, count: 250, size: 4096, qd: 16 },
+        Workload { write: false, count: 150, size: 16384, qd: 4 },
+    ];
+    for w in &workloads {
+        w.run(&dev);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(snoop.stop(libc::SIGINT).success(), "snoop failed:\n{}", snoop.stderr_text());
+    let mut seen: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for line in snoop.stdout_text().lines() {
+        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert_eq!(v["device"], dev.name.as_str());
+        assert_eq!(v["kind"], "request", "iogen never merges: {line}");
+        let e = &v["events_ns"];
+        let order: Vec<u64> = ["q", "g", "i", "d", "c"].iter().filter_map(|k| e[*k].as_u64()).collect();
+        assert!(order.windows(2).all(|w| w[0] <= w[1]), "events out of order: {line}");
+        assert!(
+            e["d"].is_u64() && e["c"].is_u64() && e["q"].is_u64(),
+            "Q, D and C fire for every IO: {line}"
+        );
+        let s = &v["stages_ns"];
+        assert!(s["d2c"].as_u64().unwrap() <= s["q2c"].as_u64().unwrap(), "{line}");
+        assert!(s["q2c"].as_u64().unwrap() == e["c"].as_u64().unwrap() - e["q"].as_u64().unwrap(), "{line}");
+        assert!(s.get("g2i").is_none() || s.get("g2d").is_none(), "G2I and G2D exclude each other: {line}");
+        assert!(v["queue_depth"].as_u64().unwrap() >= 1, "{line}");
+        assert_eq!(v["comm"], "iogen", "{line}");
+        let entry = seen.entry(v["op"].as_str().unwrap().to_owned()).or_default();
+        entry.0 += 1;
+        entry.1 += v["bytes"].as_u64().unwrap();
+    }
+    let want: BTreeMap<String, (u64, u64)> =
+        expected(&workloads).into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+    assert_eq!(seen, want, "snoop saw a different workload");
+}
+
+/// IDs of loaded programs named like tracerd's hook variants (btf_*, raw_*; the kernel keeps
+/// 15 characters of a name).
+fn tracerd_program_ids() -> Vec<u32> {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter(|p| {
+            let name = p.name_as_str().unwrap_or_default();
+            name.starts_with("btf_") || name.starts_with("raw_")
+        })
+        .map(|p| p.id())
+        .collect()
+}
+
+#[test]
+fn sigterm_and_sigint_detach_every_program() {
+    require_root();
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        let before = tracerd_program_ids();
+        let mut agent = Tracerd::run(&[]);
+        let ours: Vec<u32> = tracerd_program_ids().into_iter().filter(|id| !before.contains(id)).collect();
+        assert_eq!(ours.len(), 9, "one program per attached hook while running");
+        let status = agent.stop(signal);
+        assert!(status.success(), "exit status {status} after signal {signal}:\n{}", agent.stderr_text());
+        let left: Vec<u32> = tracerd_program_ids().into_iter().filter(|id| ours.contains(id)).collect();
+        assert!(left.is_empty(), "programs {left:?} still loaded after signal {signal}");
+    }
+}
+
+#[test]
+fn fio_and_tracerd_agree_io_for_io() {
+    require_root();
+    let dev = LoopDevice::new(256);
+    let agent = Tracerd::run(&["--device", &dev.name]);
+    let out = std::process::Command::new("fio")
+        .args(["--name=agree", "--rw=randread", "--bs=4k", "--iodepth=32", "--ioengine=libaio", "--direct=1"])
+        .args(["--number_ios=3000", "--norandommap", "--output-format=json"])
+        .arg(format!("--filename={}", dev.path))
+        .output()
+        .expect("fio is installed by `cargo xtask test`");
+    assert!(out.status.success(), "fio failed: {}", String::from_utf8_lossy(&out.stderr));
+    let fio: Value = serde_json::from_slice(&out.stdout).expect("fio JSON");
+    let fio_ios = fio["jobs"][0]["read"]["total_ios"].as_u64().unwrap();
+    let fio_bytes = fio["jobs"][0]["read"]["io_bytes"].as_u64().unwrap();
+    assert!(fio_ios >= 3000);
+    let settled =
+        eventually(Duration::from_secs(10), || requests(&agent.metrics(), &dev.name, "read") >= fio_ios);
+    let m = agent.metrics();
+    assert!(settled);
+    // Random 4k reads can merge when two land side by side: requests + merged bios = fio's IOs.
+    let merged = m.get("tracerd_io_merged_bios_total", &[("device", &dev.name), ("op", "read")]) as u64;
+    assert_eq!(requests(&m, &dev.name, "read") + merged, fio_ios, "fio issued {fio_ios}");
+    assert_eq!(m.get("tracerd_io_bytes_total", &[("device", &dev.name), ("op", "read")]) as u64, fio_bytes);
+}
+
+#[test]
+fn user_errors_are_clear_and_fail() {
+    require_root();
+    let (status, _, err) = tracerd_output(&["report", "--duration", "1", "--device", "nosuchdisk9"]);
+    assert!(!status.success());
+    assert!(err.contains("unknown block device 'nosuchdisk9'") && err.contains("Known devices"), "{err}");
+
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let (status, _, err) = tracerd_output(&["run", "--listen", &addr]);
+    assert!(!status.success());
+    assert!(err.contains("in use"), "{err}");
+    assert!(err.contains("--listen"), "the advice names the flag: {err}");
+
+    // Without CAP_BPF/CAP_PERFMON/CAP_SYS_ADMIN: a clear refusal, nothing attempted.
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"])
+        .arg(tracerd_tests::tracerd_bin())
+        .args(["report", "--duration", "1"])
+        .output()
+        .expect("setpriv (util-linux)");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("CAP_BPF") && err.contains("root"), "{err}");
+
+    let (status, _, err) = tracerd_output(&["report", "--duration", "0"]);
+    assert!(!status.success() && err.contains("positive number of seconds"), "{err}");
+}
