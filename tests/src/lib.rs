@@ -58,14 +58,45 @@ pub struct LoopDevice {
 
 impl LoopDevice {
     pub fn new(size_mib: u64) -> LoopDevice {
+        LoopDevice::create(size_mib, &[])
+    }
+
+    fn create(size_mib: u64, losetup_flags: &[&str]) -> LoopDevice {
         let backing = PathBuf::from("/dev/shm").join(unique("tracerd-test") + ".img");
         let f = fs::File::create(&backing).expect("backing file");
         f.set_len(size_mib << 20).expect("size backing file");
-        let path = cmd_output(Command::new("losetup").args(["--find", "--show"]).arg(&backing));
+        let path =
+            cmd_output(Command::new("losetup").args(["--find", "--show"]).args(losetup_flags).arg(&backing));
         let name = path.trim_start_matches("/dev/").to_owned();
         // Let udev-less systems settle the new device's partition scan.
         std::thread::sleep(Duration::from_millis(200));
         LoopDevice { name, path, backing }
+    }
+}
+
+impl LoopDevice {
+    /// A loop device with a DOS label and `parts` partitions of `part_mib` each; returns the
+    /// partitions' kernel names too (loop3p1, ...).
+    pub fn partitioned(size_mib: u64, parts: usize, part_mib: u64) -> (LoopDevice, Vec<String>) {
+        // partscan: the kernel reads the partition table sfdisk writes.
+        let dev = LoopDevice::create(size_mib, &["--partscan"]);
+        let script = format!("label: dos\n{}", format!(",{part_mib}M\n").repeat(parts));
+        let mut child = Command::new("sfdisk")
+            .args(["--quiet", &dev.path])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("sfdisk (fdisk package)");
+        child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+        assert!(child.wait().unwrap().success(), "sfdisk failed");
+        let names: Vec<String> = (1..=parts).map(|i| format!("{}p{i}", dev.name)).collect();
+        let present = || names.iter().all(|n| std::path::Path::new(&format!("/dev/{n}")).exists());
+        // Kernels built without partition-table parsers (this host's) need them added by BLKPG.
+        if !eventually(Duration::from_secs(1), present) {
+            let _ = Command::new("partx").args(["--add", &dev.path]).status();
+        }
+        assert!(eventually(Duration::from_secs(5), present), "partitions {names:?} never appeared");
+        (dev, names)
     }
 }
 
@@ -96,14 +127,13 @@ impl Workload {
 
     /// Runs the workload with O_DIRECT on `dev`; panics unless every IO succeeded.
     pub fn run(&self, dev: &LoopDevice) {
+        self.run_on(&dev.path)
+    }
+
+    /// Runs the workload on a device node (`/dev/loop3p1`).
+    pub fn run_on(&self, path: &str) {
         let out = Command::new(iogen_bin())
-            .args([
-                &dev.path,
-                self.op(),
-                &self.count.to_string(),
-                &self.size.to_string(),
-                &self.qd.to_string(),
-            ])
+            .args([path, self.op(), &self.count.to_string(), &self.size.to_string(), &self.qd.to_string()])
             .output()
             .expect("spawn iogen");
         assert!(out.status.success(), "iogen failed: {}", String::from_utf8_lossy(&out.stderr));

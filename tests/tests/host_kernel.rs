@@ -164,6 +164,38 @@ fn snoop_lines_have_ordered_stages_and_match_the_workload() {
     assert_eq!(seen, want, "snoop saw a different workload");
 }
 
+#[test]
+fn partition_io_counts_towards_its_disk_unless_the_partition_is_named() {
+    require_root();
+    let (disk, parts) = LoopDevice::partitioned(128, 2, 32);
+    let whole = Tracerd::run(&["--device", &disk.name]);
+    let part = Tracerd::run(&["--device", &parts[0]]);
+    Workload { write: true, count: 120, size: 4096, qd: 4 }.run_on(&format!("/dev/{}", parts[0]));
+    Workload { write: false, count: 70, size: 8192, qd: 1 }.run_on(&format!("/dev/{}", parts[1]));
+    Workload { write: false, count: 30, size: 4096, qd: 2 }.run(&disk);
+    let settled = eventually(Duration::from_secs(10), || {
+        let m = whole.metrics();
+        requests(&m, &disk.name, "write") == 120 && requests(&m, &disk.name, "read") == 100
+    });
+    assert!(settled, "disk series: {:?}", whole.metrics().samples);
+    let m = whole.metrics();
+    assert_eq!(
+        m.get("tracerd_io_bytes_total", &[("device", &disk.name), ("op", "read")]) as u64,
+        70 * 8192 + 30 * 4096
+    );
+    assert_eq!(
+        m.sum("tracerd_io_requests_total", &[("device", &parts[0])]),
+        0.0,
+        "no partition series unless named"
+    );
+    // The named partition: its own IO only.
+    assert!(eventually(Duration::from_secs(10), || requests(&part.metrics(), &parts[0], "write") == 120));
+    let m = part.metrics();
+    assert_eq!(m.get("tracerd_io_bytes_total", &[("device", &parts[0]), ("op", "write")]) as u64, 120 * 4096);
+    assert_eq!(m.sum("tracerd_io_requests_total", &[("op", "read")]), 0.0, "reads went elsewhere");
+    assert_eq!(m.sum("tracerd_io_requests_total", &[("device", &disk.name)]), 0.0);
+}
+
 /// IDs of loaded programs named like tracerd's hook variants (btf_*, raw_*; the kernel keeps
 /// 15 characters of a name).
 fn tracerd_program_ids() -> Vec<u32> {

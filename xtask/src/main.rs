@@ -123,17 +123,63 @@ fn build(for_tests: bool) -> Result<()> {
     run(&mut cmd, "building tracerd")
 }
 
+/// Pass/fail counts over every `cargo test` run, for the closing line.
+#[derive(Default)]
+struct Tally {
+    passed: u64,
+    failed: u64,
+}
+
+impl Tally {
+    /// Runs `cargo test ...`, echoing its output and adding up its `test result:` lines.
+    fn run(&mut self, cmd: &mut Command, what: &str) -> Result<()> {
+        use std::io::{BufRead, BufReader};
+        let mut child = cmd
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot start {what}"))?;
+        for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+            let line = line?;
+            println!("{line}");
+            if let Some(rest) = line.strip_prefix("test result: ") {
+                let count = |word: &str| -> u64 {
+                    rest.split(';')
+                        .find_map(|part| {
+                            part.trim().strip_suffix(word)?.trim().rsplit(' ').next()?.parse().ok()
+                        })
+                        .unwrap_or(0)
+                };
+                self.passed += count(" passed");
+                self.failed += count(" failed");
+            }
+        }
+        let status = child.wait()?;
+        if !status.success() {
+            println!("{} passed, {} failed", self.passed, self.failed.max(1));
+            bail!("{what} failed ({status})");
+        }
+        Ok(())
+    }
+}
+
 fn test(unit_only: bool) -> Result<()> {
     build(!unit_only)?;
+    let mut tally = Tally::default();
     run(cargo(None).args(["fmt", "--all", "--check"]), "cargo fmt --check")?;
     run(
         cargo(None).args(["clippy", "--workspace", "--all-targets", "--release", "--", "-D", "warnings"]),
         "cargo clippy",
     )?;
-    run(cargo(None).args(["test", "--release", "-p", "tracer-common", "-p", "tracerd"]), "unit tests")?;
-    if unit_only {
-        return Ok(());
+    tally
+        .run(cargo(None).args(["test", "--release", "-p", "tracer-common", "-p", "tracerd"]), "unit tests")?;
+    if !unit_only {
+        integration_tests(&mut tally)?;
     }
+    println!("{} passed, {} failed", tally.passed, tally.failed);
+    Ok(())
+}
+
+fn integration_tests(tally: &mut Tally) -> Result<()> {
     if !setup::is_root() {
         bail!(
             "the integration tests load programs into the running kernel and create loop devices: \
@@ -143,5 +189,5 @@ fn test(unit_only: bool) -> Result<()> {
     let mut cmd = cargo(None);
     cmd.args(["test", "--release", "-p", "tracerd-tests", "--", "--test-threads=1"])
         .env("TRACERD_BIN", tracerd_bin());
-    run(&mut cmd, "integration tests (host kernel)")
+    tally.run(&mut cmd, "integration tests (host kernel)")
 }
