@@ -27,6 +27,9 @@ pub mod kind {
     pub const REQUEST: u8 = 1;
     /// A bio merged into an existing request (Q and M).
     pub const MERGE: u8 = 2;
+    /// A bio completed at bio level (Q and C): IO of a bio-based device (md, dm, brd), or a
+    /// bio that never became a request.
+    pub const BIO: u8 = 3;
 }
 
 /// Bits of [`IoRecord::flags`].
@@ -48,7 +51,9 @@ pub mod lost {
     pub const REQUEST_MAP_FULL: u32 = 2;
     /// A request completed on a traced device without any recorded start.
     pub const COMPLETE_WITHOUT_START: u32 = 3;
-    pub const KERNEL_COUNT: u32 = 4;
+    /// The map linking lower bios to their upper bio was full at a remap.
+    pub const LINK_MAP_FULL: u32 = 4;
+    pub const KERNEL_COUNT: u32 = 5;
 }
 
 /// One record per completed request (or merged bio), written by the kernel into the ring buffer.
@@ -78,6 +83,14 @@ pub struct IoRecord {
     pub _pad: [u8; 2],
     /// `comm` of the thread that queued the first bio; zeroes when unknown.
     pub comm: [u8; 16],
+    /// The bio's address, for BIO records: lower IOs name it as their `parent`.
+    pub id: u64,
+    /// The upper bio this IO was remapped from (a stacked device's IO); 0 if none.
+    pub parent: u64,
+    /// Time inside the device's submit function (`md_submit_bio`, `dm_submit_bio`); 0 if none.
+    pub submit_ns: u64,
+    /// Time inside the md personality's make_request (`raid1_make_request`); 0 if none.
+    pub personality_ns: u64,
 }
 
 /// A bio seen at Q and not yet turned into (or merged into) a request. Key: `struct bio *`.
@@ -86,11 +99,39 @@ pub struct IoRecord {
 pub struct BioState {
     pub queued_ns: u64,
     pub getrq_ns: u64,
+    pub sector: u64,
+    pub parent: u64,
+    pub submit_ns: u64,
+    pub personality_ns: u64,
     pub dev: u32,
     pub pid: u32,
+    pub opf: u32,
+    pub bytes: u32,
     pub flags: u8,
     pub _pad: [u8; 7],
     pub comm: [u8; 16],
+}
+
+/// A task inside a stacked device's submit function. Key: thread id.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SubmitState {
+    /// The upper bio being submitted.
+    pub bio: u64,
+    pub entered_ns: u64,
+    pub personality_entered_ns: u64,
+    /// Its device: a remap names the upper device, and must match.
+    pub dev: u32,
+    pub _pad: u32,
+}
+
+/// Start-up choices written into the programs' read-only data.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Settings {
+    /// Non-zero when the submit-path kprobes are attached, so remaps can be linked.
+    pub stacking: u32,
+    pub _pad: u32,
 }
 
 /// A request seen at I or D and not yet fully completed. Key: `struct request *`.
@@ -141,6 +182,7 @@ pub struct KernelLayout {
     pub bio_bi_sector: u32,
     pub bio_bi_size: u32,
     pub bio_bi_private: u32,
+    pub bio_bi_status: u32,
     pub bdev_bd_dev: u32,
     pub rq_disk_path: u32,
     pub rq_q: u32,
@@ -164,6 +206,7 @@ impl KernelLayout {
         bio_bi_sector: 0,
         bio_bi_size: 0,
         bio_bi_private: 0,
+        bio_bi_status: 0,
         bdev_bd_dev: 0,
         rq_disk_path: 0,
         rq_q: 0,
@@ -186,6 +229,10 @@ pub mod limits {
     pub const MAX_REQUESTS: u32 = 65_536;
     /// Disks and partitions traced.
     pub const MAX_DEVICES: u32 = 4_096;
+    /// Lower bios remapped and not yet queued: a few per in-flight stacked IO.
+    pub const MAX_LINKS: u32 = 16_384;
+    /// Tasks inside a stacked device's submit function at once.
+    pub const MAX_SUBMITTERS: u32 = 4_096;
     /// Ring buffer bytes (a power of two, multiple of the page size).
     pub const RINGBUF_BYTES: u32 = 8 << 20;
 }
@@ -198,6 +245,7 @@ pub mod names {
     pub const BIOS: &str = "BIOS";
     pub const REQUESTS: &str = "REQUESTS";
     pub const DEVICES: &str = "DEVICES";
+    pub const SETTINGS: &str = "SETTINGS";
 }
 
 #[cfg(feature = "user")]
@@ -209,4 +257,6 @@ mod user {
     unsafe impl aya::Pod for RequestState {}
     unsafe impl aya::Pod for DeviceState {}
     unsafe impl aya::Pod for KernelLayout {}
+    unsafe impl aya::Pod for SubmitState {}
+    unsafe impl aya::Pod for Settings {}
 }

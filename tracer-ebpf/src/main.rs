@@ -21,13 +21,13 @@ use core::{
 use aya_ebpf::{
     EbpfContext,
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
-    macros::{btf_tracepoint, map, raw_tracepoint},
+    macros::{btf_tracepoint, kprobe, kretprobe, map, raw_tracepoint},
     maps::{HashMap, PerCpuArray, RingBuf},
-    programs::{BtfTracePointContext, RawTracePointContext},
+    programs::{BtfTracePointContext, ProbeContext, RawTracePointContext, RetProbeContext},
 };
 use tracer_common::{
-    BioState, DeviceState, IoRecord, KernelLayout, RequestState, bio_dev_path, event, flag, kind, limits,
-    lost, rq_disk_path,
+    BioState, DeviceState, IoRecord, KernelLayout, RequestState, Settings, SubmitState, bio_dev_path, event,
+    flag, kind, limits, lost, rq_disk_path,
 };
 
 /// Struct offsets of the running kernel, written by the loader (read-only data).
@@ -50,6 +50,19 @@ static DEVICES: HashMap<u32, DeviceState> = HashMap::with_max_entries(limits::MA
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(limits::RINGBUF_BYTES, 0);
 
+/// Start-up choices (read-only data).
+#[unsafe(no_mangle)]
+static SETTINGS: Settings = Settings { stacking: 0, _pad: 0 };
+
+/// Lower bios remapped by a stacked device, until their Q. Key: lower `struct bio *`;
+/// value: the upper `struct bio *`.
+#[map]
+static LINKS: HashMap<u64, u64> = HashMap::with_max_entries(limits::MAX_LINKS, 0);
+
+/// Tasks inside a stacked device's submit function. Key: thread id.
+#[map]
+static SUBMITTING: HashMap<u32, SubmitState> = HashMap::with_max_entries(limits::MAX_SUBMITTERS, 0);
+
 /// Lost events per reason (`tracer_common::lost`), per CPU.
 #[map]
 static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(lost::KERNEL_COUNT, 0);
@@ -58,6 +71,17 @@ static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(lost::KERNEL_COUNT
 fn layout() -> KernelLayout {
     // SAFETY: a plain read of our own global; volatile so the loader's value is used.
     unsafe { read_volatile(&LAYOUT) }
+}
+
+#[inline(always)]
+fn stacking() -> bool {
+    // SAFETY: a plain read of our own global; volatile so the loader's value is used.
+    unsafe { read_volatile(&SETTINGS) }.stacking != 0
+}
+
+#[inline(always)]
+fn thread_id() -> u32 {
+    bpf_get_current_pid_tgid() as u32
 }
 
 #[inline(always)]
@@ -124,15 +148,23 @@ fn on_bio_queue(bio: u64) {
     if !is_traced(dev) {
         return;
     }
-    let state = BioState {
+    let mut state = BioState {
         queued_ns: unsafe { bpf_ktime_get_ns() },
-        getrq_ns: 0,
+        sector: read(bio, l.bio_bi_sector),
         dev,
         pid: bpf_get_current_pid_tgid() as u32,
-        flags: 0,
-        _pad: [0; 7],
+        opf: read(bio, l.bio_bi_opf),
+        bytes: read(bio, l.bio_bi_size),
         comm: bpf_get_current_comm().unwrap_or_default(),
+        ..BioState::default()
     };
+    if stacking() {
+        // SAFETY: copy out of a map value.
+        if let Some(parent) = unsafe { LINKS.get(&bio) }.copied() {
+            state.parent = parent;
+            let _ = LINKS.remove(&bio);
+        }
+    }
     if BIOS.insert(&bio, &state, 0).is_err() {
         count_lost(lost::BIO_MAP_FULL);
     }
@@ -210,6 +242,7 @@ fn request_state(rq: u64) -> Option<*mut RequestState> {
         state.record.pid = b.pid;
         state.record.comm = b.comm;
         state.record.flags = b.flags;
+        state.record.parent = b.parent;
     }
     if REQUESTS.insert(&rq, &state, 0).is_err() {
         count_lost(lost::REQUEST_MAP_FULL);
@@ -300,6 +333,107 @@ fn on_rq_complete(rq: u64, error: u32, nr_bytes: u32) {
     let _ = REQUESTS.remove(&rq);
 }
 
+/// A stacked device (dm, md) sent `lower` down; `upper_dev` is its own device. The upper bio is
+/// the one this task is submitting (known from the submit-path kprobes).
+fn on_bio_remap(lower: u64, upper_dev: u32) {
+    // SAFETY: copy out of a map value.
+    let Some(sub) = (unsafe { SUBMITTING.get(&thread_id()) }).copied() else {
+        return;
+    };
+    // A partition remap of the same bio, or a remap by another layer, is not this upper bio's.
+    if sub.dev != upper_dev || sub.bio == lower {
+        return;
+    }
+    if LINKS.insert(&lower, &sub.bio, 0).is_err() {
+        count_lost(lost::LINK_MAP_FULL);
+    }
+}
+
+/// A bio is done. Bios that became requests left `BIOS` at I/D; what is left here is IO of a
+/// bio-based device (md, dm, brd) or a bio that never became a request.
+fn on_bio_complete(bio: u64) {
+    // SAFETY: copy out of a map value.
+    let Some(b) = (unsafe { BIOS.get(&bio) }).copied() else {
+        return;
+    };
+    let _ = BIOS.remove(&bio);
+    let l = layout();
+    let Some(mut entry) = EVENTS.reserve::<IoRecord>(0) else {
+        count_lost(lost::RINGBUF_FULL);
+        return;
+    };
+    let status: u8 = read(bio, l.bio_bi_status);
+    let mut rec = IoRecord {
+        kind: kind::BIO,
+        flags: b.flags,
+        dev: b.dev,
+        cmd_flags: b.opf,
+        bytes: b.bytes,
+        sector: b.sector,
+        pid: b.pid,
+        comm: b.comm,
+        error: status as u32,
+        id: bio,
+        parent: b.parent,
+        submit_ns: b.submit_ns,
+        personality_ns: b.personality_ns,
+        ..IoRecord::default()
+    };
+    rec.ts[event::Q] = b.queued_ns;
+    rec.ts[event::C] = unsafe { bpf_ktime_get_ns() };
+    entry.write(rec);
+    entry.submit(0);
+}
+
+/// Entry of a stacked device's submit function (`md_submit_bio`, `dm_submit_bio`).
+fn on_submit_enter(bio: u64) {
+    let l = layout();
+    let sub = SubmitState {
+        bio,
+        entered_ns: unsafe { bpf_ktime_get_ns() },
+        dev: bio_dev(&l, bio),
+        ..SubmitState::default()
+    };
+    // A full map only loses the submit time and the link, both visible as absent in the record.
+    let _ = SUBMITTING.insert(&thread_id(), &sub, 0);
+}
+
+/// Return of the submit function: its time goes to the upper bio, which is still in flight
+/// (lower bios queued inside it run after it returns).
+fn on_submit_exit() {
+    let tid = thread_id();
+    // SAFETY: copy out of a map value.
+    let Some(sub) = (unsafe { SUBMITTING.get(&tid) }).copied() else {
+        return;
+    };
+    let _ = SUBMITTING.remove(&tid);
+    if let Some(b) = BIOS.get_ptr_mut(&sub.bio) {
+        // SAFETY: map value pointer from a successful lookup.
+        unsafe { (*b).submit_ns += bpf_ktime_get_ns() - sub.entered_ns };
+    }
+}
+
+fn on_personality_enter() {
+    if let Some(sub) = SUBMITTING.get_ptr_mut(&thread_id()) {
+        // SAFETY: map value pointer from a successful lookup.
+        unsafe { (*sub).personality_entered_ns = bpf_ktime_get_ns() };
+    }
+}
+
+fn on_personality_exit() {
+    // SAFETY: copy out of a map value.
+    let Some(sub) = (unsafe { SUBMITTING.get(&thread_id()) }).copied() else {
+        return;
+    };
+    if sub.personality_entered_ns == 0 {
+        return;
+    }
+    if let Some(b) = BIOS.get_ptr_mut(&sub.bio) {
+        // SAFETY: map value pointer from a successful lookup.
+        unsafe { (*b).personality_ns += bpf_ktime_get_ns() - sub.personality_entered_ns };
+    }
+}
+
 /// Defines one tp_btf and one raw_tp program for a hook with its pointer argument at `$n`.
 macro_rules! hook {
     ($tp:literal, $btf_name:ident, $raw_name:ident, $n:literal, |$ctx:ident| $body:expr) => {
@@ -342,6 +476,44 @@ hook!("block_rq_complete", btf_rq_complete_a0, raw_rq_complete_a0, 0, |c| on_rq_
     arg::<1>(c) as u32,
     arg::<2>(c) as u32
 ));
+
+hook!("block_bio_remap", btf_bio_remap_a0, raw_bio_remap_a0, 0, |c| on_bio_remap(
+    arg::<0>(c),
+    arg::<1>(c) as u32
+));
+hook!("block_bio_remap", btf_bio_remap_a1, raw_bio_remap_a1, 1, |c| on_bio_remap(
+    arg::<1>(c),
+    arg::<2>(c) as u32
+));
+// (request_queue *, bio *) on every kernel tracerd supports.
+hook!("block_bio_complete", btf_bio_complete_a1, raw_bio_complete_a1, 1, |c| on_bio_complete(arg::<1>(c)));
+
+// Submit paths of stacked devices (module functions: kprobes, attached by name).
+#[kprobe]
+pub fn kp_submit_bio(ctx: ProbeContext) -> u32 {
+    if let Some(bio) = ctx.arg::<u64>(0) {
+        on_submit_enter(bio);
+    }
+    0
+}
+
+#[kretprobe]
+pub fn kr_submit_bio(_ctx: RetProbeContext) -> u32 {
+    on_submit_exit();
+    0
+}
+
+#[kprobe]
+pub fn kp_personality(_ctx: ProbeContext) -> u32 {
+    on_personality_enter();
+    0
+}
+
+#[kretprobe]
+pub fn kr_personality(_ctx: RetProbeContext) -> u32 {
+    on_personality_exit();
+    0
+}
 
 #[cfg(not(test))]
 #[panic_handler]

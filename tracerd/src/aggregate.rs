@@ -6,7 +6,11 @@ use std::collections::{BTreeMap, HashMap};
 use hdrhistogram::Histogram;
 use tracer_common::{IoRecord, kind, lost};
 
-use crate::{op::Op, stage::Stage};
+use crate::{
+    layers::{LayerSplit, Phase},
+    op::Op,
+    stage::Stage,
+};
 
 /// Histogram range: 100 ns to 60 s at 3 significant digits.
 pub const LOWEST_NS: u64 = 100;
@@ -58,6 +62,21 @@ pub struct OpStats {
     pub paths: [u64; 64],
     /// Stages per queue depth at issue (only when enabled).
     pub by_qd: BTreeMap<u32, Stages>,
+    /// Stacked devices: per lower device, the upper IOs' time split into phases.
+    pub layers: BTreeMap<u32, LayerStats>,
+    /// Stacked devices: time inside the driver's submit function, and the md personality's.
+    pub submit: Option<Box<StageHist>>,
+    pub personality: Option<Box<StageHist>>,
+}
+
+/// Upper IOs' time against one lower device, by phase.
+#[derive(Clone, Debug)]
+pub struct LayerStats {
+    /// Upper IOs that went to this lower device.
+    pub ios: u64,
+    /// Lower IOs they sent there (2 per upper IO where a bio is split in two, ...).
+    pub lower_ios: u64,
+    pub phases: [Box<StageHist>; 3],
 }
 
 impl Default for OpStats {
@@ -70,6 +89,9 @@ impl Default for OpStats {
             stages: Default::default(),
             paths: [0; 64],
             by_qd: BTreeMap::new(),
+            layers: BTreeMap::new(),
+            submit: None,
+            personality: None,
         }
     }
 }
@@ -92,18 +114,22 @@ pub struct Lost {
     pub stale_bio: u64,
     pub stale_request: u64,
     pub decode_error: u64,
+    /// Lower IOs of a stacked device whose upper IO was never seen to complete.
+    pub orphaned_lower: u64,
 }
 
 impl Lost {
-    pub fn reasons(&self) -> [(&'static str, u64); 7] {
+    pub fn reasons(&self) -> [(&'static str, u64); 9] {
         [
             ("ringbuf_full", self.kernel[lost::RINGBUF_FULL as usize]),
             ("bio_map_full", self.kernel[lost::BIO_MAP_FULL as usize]),
             ("request_map_full", self.kernel[lost::REQUEST_MAP_FULL as usize]),
             ("complete_without_start", self.kernel[lost::COMPLETE_WITHOUT_START as usize]),
+            ("link_map_full", self.kernel[lost::LINK_MAP_FULL as usize]),
             ("stale_bio", self.stale_bio),
             ("stale_request", self.stale_request),
             ("decode_error", self.decode_error),
+            ("orphaned_lower", self.orphaned_lower),
         ]
     }
 
@@ -116,6 +142,7 @@ impl Lost {
         d.stale_bio = d.stale_bio.saturating_sub(base.stale_bio);
         d.stale_request = d.stale_request.saturating_sub(base.stale_request);
         d.decode_error = d.decode_error.saturating_sub(base.decode_error);
+        d.orphaned_lower = d.orphaned_lower.saturating_sub(base.orphaned_lower);
         d
     }
 }
@@ -134,11 +161,40 @@ impl Aggregator {
         Aggregator { by_qd, ..Default::default() }
     }
 
-    /// Adds one record for the traced device `dev`; `name` is asked once per new device.
-    pub fn add(&mut self, dev: u32, op: Op, rec: &IoRecord, name: impl FnOnce() -> String) {
-        self.names.entry(dev).or_insert_with(name);
+    /// Adds one record for the traced device `dev`, with its layer splits (stacked devices);
+    /// `name` is asked once per new device.
+    pub fn add(
+        &mut self,
+        dev: u32,
+        op: Op,
+        rec: &IoRecord,
+        layers: &[LayerSplit],
+        name: impl Fn(u32) -> String,
+    ) {
+        self.names.entry(dev).or_insert_with(|| name(dev));
+        for split in layers {
+            self.names.entry(split.lower).or_insert_with(|| name(split.lower));
+        }
         let by_qd = self.by_qd;
         let stats = self.series.entry((dev, op)).or_default();
+        for split in layers {
+            let l = stats.layers.entry(split.lower).or_insert_with(|| LayerStats {
+                ios: 0,
+                lower_ios: 0,
+                phases: [StageHist::new(), StageHist::new(), StageHist::new()],
+            });
+            l.ios += 1;
+            l.lower_ios += split.ios as u64;
+            for (hist, phase) in l.phases.iter_mut().zip(Phase::ALL) {
+                hist.record(split.phase_ns(phase));
+            }
+        }
+        if rec.submit_ns != 0 {
+            stats.submit.get_or_insert_with(StageHist::new).record(rec.submit_ns);
+        }
+        if rec.personality_ns != 0 {
+            stats.personality.get_or_insert_with(StageHist::new).record(rec.personality_ns);
+        }
         if rec.kind == kind::MERGE {
             stats.merged_bios += 1;
         } else {
@@ -180,11 +236,11 @@ mod tests {
     #[test]
     fn counts_bytes_stages_and_paths() {
         let mut a = Aggregator::new(true);
-        a.add(1, Op::Read, &request(1000, 5000, 105_000, 4096, 1), || "loop0".into());
-        a.add(1, Op::Read, &request(1000, 5000, 205_000, 4096, 2), || unreachable!());
+        a.add(1, Op::Read, &request(1000, 5000, 105_000, 4096, 1), &[], |_| "loop0".into());
+        a.add(1, Op::Read, &request(1000, 5000, 205_000, 4096, 2), &[], |_| unreachable!());
         let mut merge = IoRecord { kind: kind::MERGE, bytes: 512, ..Default::default() };
         (merge.ts[event::Q], merge.ts[event::M]) = (10, 2010);
-        a.add(1, Op::Read, &merge, || unreachable!());
+        a.add(1, Op::Read, &merge, &[], |_| unreachable!());
         assert_eq!(a.name(1), "loop0");
         let s = &a.series[&(1, Op::Read)];
         assert_eq!((s.requests, s.bytes, s.merged_bios), (2, 8192, 1));
@@ -200,12 +256,38 @@ mod tests {
     }
 
     #[test]
+    fn stacked_ios_keep_layer_phases_and_submit_time() {
+        let mut a = Aggregator::new(false);
+        let mut upper = IoRecord {
+            kind: kind::BIO,
+            bytes: 4096,
+            submit_ns: 3000,
+            personality_ns: 2000,
+            ..Default::default()
+        };
+        (upper.ts[event::Q], upper.ts[event::C]) = (100, 1000);
+        let splits = [
+            LayerSplit { lower: 10, ios: 1, layer_ns: 100, lower_ns: 500, completion_ns: 300 },
+            LayerSplit { lower: 11, ios: 1, layer_ns: 150, lower_ns: 650, completion_ns: 100 },
+        ];
+        a.add(9, Op::Write, &upper, &splits, |d| format!("dev{d}"));
+        let s = &a.series[&(9, Op::Write)];
+        assert_eq!(s.requests, 1);
+        assert_eq!(s.stage(Stage::Q2c).unwrap().sum_ns, 900);
+        assert_eq!(s.layers.len(), 2);
+        assert_eq!(s.layers[&11].phases[1].sum_ns, 650);
+        assert_eq!(s.submit.as_ref().unwrap().sum_ns, 3000);
+        assert_eq!(s.personality.as_ref().unwrap().count(), 1);
+        assert_eq!(a.name(10), "dev10");
+    }
+
+    #[test]
     fn lost_since_a_baseline() {
-        let base = Lost { kernel: [1, 0, 0, 2], stale_bio: 1, ..Default::default() };
-        let now = Lost { kernel: [5, 0, 1, 2], stale_bio: 3, ..Default::default() };
+        let base = Lost { kernel: [1, 0, 0, 2, 0], stale_bio: 1, ..Default::default() };
+        let now = Lost { kernel: [5, 0, 1, 2, 0], stale_bio: 3, ..Default::default() };
         let d = now.since(&base);
         assert_eq!(d.reasons()[0], ("ringbuf_full", 4));
         assert_eq!(d.reasons()[2], ("request_map_full", 1));
-        assert_eq!(d.reasons()[4], ("stale_bio", 2));
+        assert_eq!(d.reasons()[5], ("stale_bio", 2));
     }
 }

@@ -4,7 +4,7 @@
 
 use aya::{
     Btf as AyaBtf, Ebpf,
-    programs::{BtfTracePoint, RawTracePoint},
+    programs::{BtfTracePoint, KProbe, RawTracePoint},
 };
 use serde::Serialize;
 
@@ -74,7 +74,87 @@ pub const HOOKS: &[Hook] = &[
         variants: &[0],
         required: true,
     },
+    Hook {
+        tracepoint: "block_bio_remap",
+        stem: "bio_remap",
+        pointer: "bio",
+        variants: &[0, 1],
+        required: false,
+    },
+    Hook {
+        tracepoint: "block_bio_complete",
+        stem: "bio_complete",
+        pointer: "bio",
+        variants: &[1],
+        required: false,
+    },
 ];
+
+/// Submit paths of stacked devices: kprobe + kretprobe pairs on module functions.
+pub struct KprobeHook {
+    pub function: &'static str,
+    entry: &'static str,
+    ret: &'static str,
+}
+
+pub const KPROBES: &[KprobeHook] = &[
+    KprobeHook { function: "md_submit_bio", entry: "kp_submit_bio", ret: "kr_submit_bio" },
+    KprobeHook { function: "dm_submit_bio", entry: "kp_submit_bio", ret: "kr_submit_bio" },
+    KprobeHook { function: "raid1_make_request", entry: "kp_personality", ret: "kr_personality" },
+];
+
+const KPROBE_PMU: &str = "/sys/bus/event_source/devices/kprobe/type";
+
+/// Whether this kernel can attach kprobes at all.
+pub fn kprobes_available() -> bool {
+    std::path::Path::new(KPROBE_PMU).exists()
+}
+
+fn kprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut KProbe, String> {
+    let prog = ebpf.program_mut(name).ok_or_else(|| format!("program {name} missing from the object"))?;
+    prog.try_into().map_err(|e| error_chain(&e))
+}
+
+/// Loads the kprobe programs once (each attaches to several functions).
+pub fn load_kprobe_programs(ebpf: &mut Ebpf) -> Result<(), String> {
+    for name in ["kp_submit_bio", "kr_submit_bio", "kp_personality", "kr_personality"] {
+        kprobe(ebpf, name)?.load().map_err(|e| format!("{name}: {}", error_chain(&e)))?;
+    }
+    Ok(())
+}
+
+impl KprobeHook {
+    pub fn skipped(&self, reason: String) -> HookStatus {
+        HookStatus { hook: self.function, attach_type: None, program: None, reason: Some(reason) }
+    }
+
+    /// Attaches the entry and the return probe: both or neither.
+    pub fn attach(&self, ebpf: &mut Ebpf) -> HookStatus {
+        let entry = match kprobe(ebpf, self.entry)
+            .and_then(|p| p.attach(self.function, 0).map_err(|e| error_chain(&e)))
+        {
+            Ok(link) => link,
+            Err(e) => {
+                return self
+                    .skipped(format!("{} cannot be probed ({e}); is its module loaded?", self.function));
+            }
+        };
+        match kprobe(ebpf, self.ret).and_then(|p| p.attach(self.function, 0).map_err(|e| error_chain(&e))) {
+            Ok(_) => HookStatus {
+                hook: self.function,
+                attach_type: Some("kprobe"),
+                program: Some(self.entry.to_owned()),
+                reason: None,
+            },
+            Err(e) => {
+                if let Ok(p) = kprobe(ebpf, self.entry) {
+                    let _ = p.detach(entry);
+                }
+                self.skipped(format!("kretprobe on {} failed: {e}", self.function))
+            }
+        }
+    }
+}
 
 /// How a hook ended up: attached (and how), or skipped (and why).
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]

@@ -18,6 +18,7 @@ pub fn resolve(btf: &Btf) -> Result<KernelLayout> {
         bio_bi_sector: off("bio", &["bi_iter", "bi_sector"])?,
         bio_bi_size: off("bio", &["bi_iter", "bi_size"])?,
         bio_bi_private: off("bio", &["bi_private"])?,
+        bio_bi_status: off("bio", &["bi_status"])?,
         rq_bio: off("request", &["bio"])?,
         rq_cmd_flags: off("request", &["cmd_flags"])?,
         rq_data_len: off("request", &["__data_len"])?,
@@ -71,6 +72,7 @@ mod tests {
                 ("bi_opf", u32t, 20),
                 ("bi_iter", iter, 32),
                 ("bi_private", u64t, 64),
+                ("bi_status", u32t, 72),
             ],
         );
         b.strukt("request_queue", 4, 64, &[("disk", u64t, 40)]);

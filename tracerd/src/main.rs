@@ -5,6 +5,7 @@ mod btf;
 mod cli;
 mod hooks;
 mod http;
+mod layers;
 mod layout;
 mod metrics;
 mod op;

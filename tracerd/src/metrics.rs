@@ -3,7 +3,12 @@
 
 use std::fmt::Write;
 
-use crate::{aggregate::Aggregator, hooks::HookStatus, stage::Stage};
+use crate::{
+    aggregate::{Aggregator, StageHist},
+    hooks::HookStatus,
+    layers::Phase,
+    stage::Stage,
+};
 
 /// Bucket upper bounds (seconds): 1-2-5 steps from 1 µs to 50 s, then 60 s (the range top).
 pub const BUCKETS_S: [f64; 25] = [
@@ -43,6 +48,27 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
+/// One histogram series: buckets folded from the HdrHistogram, then sum and count.
+fn histogram(out: &mut String, name: &str, labels: &str, h: &StageHist) {
+    let mut per_bucket = [0u64; BUCKETS_S.len()];
+    let mut overflow = 0;
+    for v in h.hist.iter_recorded() {
+        let secs = v.value_iterated_to() as f64 / 1e9;
+        match BUCKETS_S.iter().position(|&le| secs <= le) {
+            Some(i) => per_bucket[i] += v.count_at_value(),
+            None => overflow += v.count_at_value(),
+        }
+    }
+    let mut cumulative = 0;
+    for (le, n) in BUCKETS_S.iter().zip(per_bucket) {
+        cumulative += n;
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", cumulative + overflow);
+    let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum_ns as f64 / 1e9);
+    let _ = writeln!(out, "{name}_count{{{labels}}} {}", h.count());
+}
+
 pub fn render(state: &State) -> String {
     let mut out = String::with_capacity(64 * 1024);
     let series = state.agg.sorted();
@@ -58,27 +84,46 @@ pub fn render(state: &State) -> String {
             let Some(h) = stats.stage(stage) else { continue };
             let labels =
                 format!("device=\"{}\",op=\"{}\",stage=\"{}\"", escape(device), op.as_str(), stage.as_str());
-            let mut per_bucket = [0u64; BUCKETS_S.len()];
-            let mut overflow = 0;
-            for v in h.hist.iter_recorded() {
-                let secs = v.value_iterated_to() as f64 / 1e9;
-                match BUCKETS_S.iter().position(|&le| secs <= le) {
-                    Some(i) => per_bucket[i] += v.count_at_value(),
-                    None => overflow += v.count_at_value(),
-                }
+            histogram(&mut out, "tracerd_io_stage_seconds", &labels, h);
+        }
+    }
+
+    header(
+        &mut out,
+        "tracerd_io_layer_seconds",
+        "histogram",
+        "Stacked devices (md, dm): each IO's Q2C split against a lower device into phase=layer \
+         (before the first lower IO), lower (in the lower device) and completion (after the last).",
+    );
+    for (device, op, stats) in &series {
+        for (lower, layer) in &stats.layers {
+            for (phase, h) in Phase::ALL.iter().zip(&layer.phases) {
+                let labels = format!(
+                    "device=\"{}\",lower=\"{}\",op=\"{}\",phase=\"{}\"",
+                    escape(device),
+                    escape(state.agg.name(*lower)),
+                    op.as_str(),
+                    phase.as_str()
+                );
+                histogram(&mut out, "tracerd_io_layer_seconds", &labels, h);
             }
-            let mut cumulative = 0;
-            for (le, n) in BUCKETS_S.iter().zip(per_bucket) {
-                cumulative += n;
-                let _ = writeln!(out, "tracerd_io_stage_seconds_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+        }
+    }
+
+    header(
+        &mut out,
+        "tracerd_io_submit_seconds",
+        "histogram",
+        "Stacked devices: time inside the driver's submit function (md_submit_bio, dm_submit_bio) \
+         and the md personality's make_request.",
+    );
+    for (device, op, stats) in &series {
+        for (function, h) in [("submit_bio", &stats.submit), ("personality", &stats.personality)] {
+            if let Some(h) = h {
+                let labels =
+                    format!("device=\"{}\",op=\"{}\",function=\"{function}\"", escape(device), op.as_str());
+                histogram(&mut out, "tracerd_io_submit_seconds", &labels, h);
             }
-            let _ = writeln!(
-                out,
-                "tracerd_io_stage_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
-                cumulative + overflow
-            );
-            let _ = writeln!(out, "tracerd_io_stage_seconds_sum{{{labels}}} {}", h.sum_ns as f64 / 1e9);
-            let _ = writeln!(out, "tracerd_io_stage_seconds_count{{{labels}}} {}", h.count());
         }
     }
 
@@ -160,7 +205,7 @@ mod tests {
         for d2c_us in [3u64, 30, 300] {
             let mut r = IoRecord { kind: kind::REQUEST, bytes: 4096, ..Default::default() };
             (r.ts[event::D], r.ts[event::C]) = (1000, 1000 + d2c_us * 1000);
-            agg.add(7, Op::Write, &r, || "lo\"op\\0".into());
+            agg.add(7, Op::Write, &r, &[], |_| "lo\"op\\0".into());
         }
         agg.lost.kernel[0] = 2;
         let hooks = vec![
@@ -211,6 +256,35 @@ mod tests {
             );
             assert!(name.starts_with("tracerd_"));
         }
+    }
+
+    #[test]
+    fn layer_and_submit_histograms() {
+        let mut agg = Aggregator::new(false);
+        let mut r = IoRecord { kind: kind::BIO, submit_ns: 4000, ..Default::default() };
+        (r.ts[event::Q], r.ts[event::C]) = (1000, 11_000);
+        let split = crate::layers::LayerSplit {
+            lower: 2,
+            ios: 1,
+            layer_ns: 1000,
+            lower_ns: 8000,
+            completion_ns: 1000,
+        };
+        agg.add(1, Op::Read, &r, &[split], |d| if d == 1 { "dm-0".into() } else { "ram2".into() });
+        let text = render(&State { agg, ..Default::default() });
+        for phase in ["layer", "lower", "completion"] {
+            let line = format!(
+                "tracerd_io_layer_seconds_count{{device=\"dm-0\",lower=\"ram2\",op=\"read\",phase=\"{phase}\"}} 1\n"
+            );
+            assert!(text.contains(&line), "{line} missing in\n{text}");
+        }
+        assert!(text.contains("tracerd_io_layer_seconds_sum{device=\"dm-0\",lower=\"ram2\",op=\"read\",phase=\"lower\"} 0.000008\n"));
+        assert!(text.contains(
+            "tracerd_io_submit_seconds_count{device=\"dm-0\",op=\"read\",function=\"submit_bio\"} 1\n"
+        ));
+        assert!(
+            text.contains("tracerd_io_stage_seconds_count{device=\"dm-0\",op=\"read\",stage=\"q2c\"} 1\n")
+        );
     }
 
     #[test]

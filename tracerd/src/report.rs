@@ -14,10 +14,12 @@ use serde::Serialize;
 use crate::{
     aggregate::{Aggregator, Lost, OpStats, StageHist, Stages},
     hooks::HookStatus,
+    layers::Phase,
     op::Op,
     selection::Selection,
     session::{Session, shutdown_signal},
     stage::Stage,
+    topology::Topology,
     tracer::{LoadOptions, kernel_release},
     units,
 };
@@ -38,6 +40,11 @@ pub struct Report {
 #[derive(Debug, Serialize)]
 pub struct DeviceReport {
     pub device: String,
+    /// `dm-0 (lin0)`, `md0 (raid1)`: the name with the dm name or md level.
+    pub label: String,
+    /// Devices directly below this one (stacked devices).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lowers: Vec<String>,
     pub ops: Vec<OpReport>,
 }
 
@@ -55,6 +62,23 @@ pub struct OpReport {
     pub stages: BTreeMap<Stage, StageSummary>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub by_queue_depth: Vec<QueueDepthReport>,
+    /// Stacked devices: each IO's Q2C split against each lower device.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub layers: Vec<LayerReport>,
+    /// Stacked devices: time in the submit function (`submit_bio`) and md personality.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub submit_path: BTreeMap<&'static str, StageSummary>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct LayerReport {
+    pub lower: String,
+    /// Upper IOs that went to this lower device.
+    pub ios: u64,
+    /// Lower IOs they sent there.
+    pub lower_ios: u64,
+    /// `layer` + `lower` + `completion` = the upper IO's Q2C, IO by IO.
+    pub phases: BTreeMap<Phase, StageSummary>,
 }
 
 #[derive(Debug, Serialize)]
@@ -99,7 +123,7 @@ fn path_name(mask: usize) -> String {
 }
 
 impl OpReport {
-    fn build(op: Op, s: &OpStats, duration_s: f64) -> OpReport {
+    fn build(op: Op, s: &OpStats, duration_s: f64, name: impl Fn(u32) -> String) -> OpReport {
         OpReport {
             op,
             requests: s.requests,
@@ -121,6 +145,24 @@ impl OpReport {
                 .iter()
                 .map(|(&queue_depth, st)| QueueDepthReport { queue_depth, stages: summaries(st) })
                 .collect(),
+            layers: s
+                .layers
+                .iter()
+                .map(|(&lower, l)| LayerReport {
+                    lower: name(lower),
+                    ios: l.ios,
+                    lower_ios: l.lower_ios,
+                    phases: Phase::ALL
+                        .iter()
+                        .zip(&l.phases)
+                        .map(|(p, h)| (*p, StageSummary::of(h)))
+                        .collect(),
+                })
+                .collect(),
+            submit_path: [("submit_bio", &s.submit), ("personality", &s.personality)]
+                .into_iter()
+                .filter_map(|(k, h)| Some((k, StageSummary::of(h.as_deref()?))))
+                .collect(),
         }
     }
 }
@@ -128,6 +170,7 @@ impl OpReport {
 impl Report {
     pub fn build(
         agg: &Aggregator,
+        topo: &Topology,
         lost: &Lost,
         hooks: &[HookStatus],
         kernel: &str,
@@ -136,10 +179,18 @@ impl Report {
         let duration_s = duration_s.max(1e-9);
         let mut devices: Vec<DeviceReport> = Vec::new();
         for (device, op, stats) in agg.sorted() {
-            let op_report = OpReport::build(op, stats, duration_s);
+            let op_report = OpReport::build(op, stats, duration_s, |d| agg.name(d).to_owned());
             match devices.last_mut() {
                 Some(d) if d.device == device => d.ops.push(op_report),
-                _ => devices.push(DeviceReport { device: device.to_owned(), ops: vec![op_report] }),
+                _ => {
+                    let known = topo.by_name(device);
+                    devices.push(DeviceReport {
+                        device: device.to_owned(),
+                        label: known.map_or_else(|| device.to_owned(), |d| d.label()),
+                        lowers: known.map(|d| d.lowers.clone()).unwrap_or_default(),
+                        ops: vec![op_report],
+                    })
+                }
             }
         }
         Report {
@@ -263,7 +314,7 @@ pub async fn report(
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
-            r = session.read(|dev, rec, topo| agg.add(dev, ops.op(rec.cmd_flags), rec, || topo.name_of(dev))) => r?,
+            r = session.read(|io, topo| agg.add(io.target, ops.op(io.rec.cmd_flags), io.rec, io.layers, |d| topo.name_of(d))) => r?,
             _ = tick.tick() => {
                 session.refresh_devices()?;
                 if progress {
@@ -275,15 +326,18 @@ pub async fn report(
             _ = &mut shutdown => break,
         }
     }
-    session.drain_now(|dev, rec, topo| agg.add(dev, ops.op(rec.cmd_flags), rec, || topo.name_of(dev)));
+    session.drain_now(|io, topo| {
+        agg.add(io.target, ops.op(io.rec.cmd_flags), io.rec, io.layers, |d| topo.name_of(d))
+    });
     if progress {
         eprint!("\r\x1b[K");
     }
     let elapsed = started.elapsed().as_secs_f64();
     let lost = session.lost()?.since(&base);
     let hooks = session.tracer.hooks.clone();
+    let topo = session.topo.clone();
     drop(session);
-    let report = Report::build(&agg, &lost, &hooks, &kernel_release(), elapsed);
+    let report = Report::build(&agg, &topo, &lost, &hooks, &kernel_release(), elapsed);
     let mut out = std::io::stdout().lock();
     if json {
         serde_json::to_writer_pretty(&mut out, &report)?;
@@ -305,14 +359,14 @@ mod tests {
             let mut r = IoRecord { kind: kind::REQUEST, bytes: 4096, queue_depth: qd, ..Default::default() };
             (r.ts[event::Q], r.ts[event::G], r.ts[event::D], r.ts[event::C]) =
                 (1000, 2000, 3000, 3000 + i * 10_000);
-            agg.add(7, Op::Read, &r, || "loop0".into());
+            agg.add(7, Op::Read, &r, &[], |_| "loop0".into());
         }
         agg
     }
 
     #[test]
     fn report_sums_and_paths() {
-        let r = Report::build(&agg(), &Lost::default(), &[], "6.18", 2.0);
+        let r = Report::build(&agg(), &Topology::default(), &Lost::default(), &[], "6.18", 2.0);
         let op = &r.devices[0].ops[0];
         assert_eq!((op.requests, op.bytes, op.iops), (3, 12288, 1.5));
         assert_eq!(op.paths, BTreeMap::from([("QGDC".to_string(), 3)]));
@@ -333,7 +387,8 @@ mod tests {
 
     #[test]
     fn text_shows_stages_paths_and_qd_table() {
-        let text = Report::build(&agg(), &Lost::default(), &[], "6.18", 2.0).render_text();
+        let text =
+            Report::build(&agg(), &Topology::default(), &Lost::default(), &[], "6.18", 2.0).render_text();
         assert!(text.contains("loop0 read: 3 requests"), "{text}");
         assert!(text.contains("paths: QGDC 3 (100.0%)"), "{text}");
         assert!(text.contains("  G2D "), "{text}");

@@ -42,9 +42,9 @@ pub async fn run(listen: SocketAddr, selection: Selection, opts: LoadOptions) ->
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            r = session.read(|dev, rec, topo| {
+            r = session.read(|io, topo| {
                 let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
-                st.agg.add(dev, ops.op(rec.cmd_flags), rec, || topo.name_of(dev));
+                st.agg.add(io.target, ops.op(io.rec.cmd_flags), io.rec, io.layers, |d| topo.name_of(d));
             }) => r?,
             _ = tick.tick() => {
                 ticks += 1;

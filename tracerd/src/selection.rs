@@ -1,13 +1,14 @@
 //! Which devices are traced (`--device`, or every block device) and which traced device each
 //! record counts towards. Partitions: IO submitted to a partition counts towards its disk,
 //! unless the partition itself was named with `--device`, then towards the partition.
+//! A named stacked device (md, dm) brings the devices below it, so its layers can be timed.
 
 use std::collections::{HashMap, HashSet};
 
 use anyhow::{Result, bail};
 use tracer_common::IoRecord;
 
-use crate::topology::Topology;
+use crate::topology::{Device, Topology};
 
 #[derive(Clone, Debug, Default)]
 pub struct Selection {
@@ -52,14 +53,8 @@ impl Selection {
                     topo.names().join(", ")
                 );
             };
-            r.targets.insert(d.dev);
-            r.kernel_devs.insert(d.dev);
-            if d.partition {
-                if let Some(disk) = topo.by_name(&d.disk) {
-                    r.kernel_devs.insert(disk.dev);
-                }
-            } else {
-                r.kernel_devs.extend(topo.partitions_of(&d.name).map(|p| p.dev));
+            for d in topo.with_lowers(&d.name) {
+                r.add_named(topo, d);
             }
         }
         Ok(r)
@@ -67,6 +62,19 @@ impl Selection {
 }
 
 impl Resolved {
+    /// A named device: its own series; the kernel also traces what carries its IO.
+    fn add_named(&mut self, topo: &Topology, d: &Device) {
+        self.targets.insert(d.dev);
+        self.kernel_devs.insert(d.dev);
+        if d.partition {
+            if let Some(disk) = topo.by_name(&d.disk) {
+                self.kernel_devs.insert(disk.dev);
+            }
+        } else {
+            self.kernel_devs.extend(topo.partitions_of(&d.name).map(|p| p.dev));
+        }
+    }
+
     /// The traced device a record counts towards, or None if it belongs to no target.
     pub fn target_of(&self, rec: &IoRecord) -> Option<u32> {
         if rec.dev != 0 && self.targets.contains(&rec.dev) {
@@ -116,6 +124,21 @@ mod tests {
         assert_eq!(r.target_of(&rec(loop0, p1)), Some(p1));
         assert_eq!(r.target_of(&rec(loop0, loop0)), None);
         assert_eq!(r.target_of(&rec(kernel_dev(7, 1), 0)), None);
+    }
+
+    #[test]
+    fn a_named_stack_brings_its_lower_devices() {
+        use crate::topology::tests::fake_stacked_sysfs;
+        let dir = fake_stacked_sysfs(
+            &[("ram0", "1:0", None, false), ("ram1", "1:1", None, false), ("ram2", "1:2", None, false)],
+            &[("md0", "9:0", &["ram0", "ram1"], None, Some("raid1"))],
+        );
+        let t = Topology::scan_root(&dir.0).unwrap();
+        let r = Selection { names: vec!["md0".into()] }.resolve(&t).unwrap();
+        let want: HashSet<u32> = [kernel_dev(9, 0), kernel_dev(1, 0), kernel_dev(1, 1)].into();
+        assert_eq!(r.kernel_devs, want);
+        assert_eq!(r.target_of(&rec(0, kernel_dev(1, 1))), Some(kernel_dev(1, 1)));
+        assert_eq!(r.target_of(&rec(0, kernel_dev(1, 2))), None);
     }
 
     #[test]

@@ -10,11 +10,21 @@ use tracer_common::IoRecord;
 
 use crate::{
     aggregate::Lost,
+    layers::{LayerSplit, Layers, MAX_LOWERS},
     record,
     selection::{Resolved, Selection},
     topology::Topology,
     tracer::{LoadOptions, Tracer},
 };
+
+/// One traced IO as handed to consumers.
+pub struct Io<'a> {
+    /// The traced device (series) it counts towards.
+    pub target: u32,
+    pub rec: &'a IoRecord,
+    /// For an IO of a stacked device: its time split against each device below.
+    pub layers: &'a [LayerSplit],
+}
 
 /// In-flight entries older than this are taken as missed completions.
 pub const STALE_AFTER: Duration = Duration::from_secs(120);
@@ -27,6 +37,7 @@ pub struct Session {
     events: AsyncFd<RingBuf<MapData>>,
     /// Counters of the daemon's own losses (decode errors, stale entries).
     own_lost: Lost,
+    layers: Layers,
     /// All records read, including those of untraced devices.
     pub records: u64,
 }
@@ -44,7 +55,16 @@ impl Session {
         tracing::info!("attached {attached} hooks; tracing {} block devices", resolved.kernel_devs.len());
         let events = unsafe { AsyncFd::register(tracer.take_events()?) }
             .map_err(|e| anyhow::anyhow!("cannot poll the ring buffer: {e}"))?;
-        Ok(Session { tracer, topo, selection, resolved, events, own_lost: Lost::default(), records: 0 })
+        Ok(Session {
+            tracer,
+            topo,
+            selection,
+            resolved,
+            events,
+            own_lost: Lost::default(),
+            layers: Layers::default(),
+            records: 0,
+        })
     }
 
     /// Picks up devices that came or went since the last scan.
@@ -55,6 +75,8 @@ impl Session {
                 if resolved != self.resolved {
                     self.tracer.set_devices(&resolved.kernel_devs)?;
                     self.resolved = resolved;
+                    // New devices may come with their modules (md, dm): probe their submit paths.
+                    self.tracer.retry_kprobes();
                 }
             }
             // A named device vanished: keep tracing the rest as they were.
@@ -74,48 +96,70 @@ impl Session {
 
     /// Every lost-event counter, kernel and daemon.
     pub fn lost(&self) -> Result<Lost> {
-        Ok(Lost { kernel: self.tracer.kernel_lost()?, ..self.own_lost })
+        Ok(Lost { kernel: self.tracer.kernel_lost()?, orphaned_lower: self.layers.orphaned, ..self.own_lost })
     }
 
     /// Waits until records are ready, then hands each to `f` with its traced device.
-    pub async fn read(&mut self, f: impl FnMut(u32, &IoRecord, &Topology)) -> Result<()> {
+    pub async fn read(&mut self, f: impl FnMut(&Io, &Topology)) -> Result<()> {
         let mut guard = self.events.readable_mut().await?;
-        let n = drain(guard.get_inner_mut(), &self.resolved, &self.topo, &mut self.own_lost.decode_error, f);
+        let mut reader = Reader {
+            resolved: &self.resolved,
+            topo: &self.topo,
+            layers: &mut self.layers,
+            decode_errors: &mut self.own_lost.decode_error,
+        };
+        let n = reader.drain(guard.get_inner_mut(), f);
         self.records += n;
         guard.clear_ready();
         Ok(())
     }
 
     /// Hands over whatever is in the ring buffer now, without waiting.
-    pub fn drain_now(&mut self, f: impl FnMut(u32, &IoRecord, &Topology)) {
-        let n = drain(self.events.get_mut(), &self.resolved, &self.topo, &mut self.own_lost.decode_error, f);
+    pub fn drain_now(&mut self, f: impl FnMut(&Io, &Topology)) {
+        let mut reader = Reader {
+            resolved: &self.resolved,
+            topo: &self.topo,
+            layers: &mut self.layers,
+            decode_errors: &mut self.own_lost.decode_error,
+        };
+        let n = reader.drain(self.events.get_mut(), f);
         self.records += n;
     }
 }
 
-fn drain(
-    ring: &mut RingBuf<MapData>,
-    resolved: &Resolved,
-    topo: &Topology,
-    decode_errors: &mut u64,
-    mut f: impl FnMut(u32, &IoRecord, &Topology),
-) -> u64 {
-    let mut n = 0;
-    while let Some(item) = ring.next() {
-        n += 1;
-        match record::decode(&item) {
-            Ok(rec) => {
-                if let Some(target) = resolved.target_of(&rec) {
-                    f(target, &rec, topo);
+/// Decodes records, joins lower IOs to their upper IO, and hands traced ones on.
+struct Reader<'a> {
+    resolved: &'a Resolved,
+    topo: &'a Topology,
+    layers: &'a mut Layers,
+    decode_errors: &'a mut u64,
+}
+
+impl Reader<'_> {
+    fn drain(&mut self, ring: &mut RingBuf<MapData>, mut f: impl FnMut(&Io, &Topology)) -> u64 {
+        let mut n = 0;
+        let mut splits = [LayerSplit::default(); MAX_LOWERS];
+        while let Some(item) = ring.next() {
+            n += 1;
+            let rec = match record::decode(&item) {
+                Ok(rec) => rec,
+                Err(e) => {
+                    *self.decode_errors += 1;
+                    tracing::debug!("undecodable record: {e}");
+                    continue;
                 }
+            };
+            let target = self.resolved.target_of(&rec);
+            if let Some(t) = target {
+                self.layers.lower_done(t, &rec);
             }
-            Err(e) => {
-                *decode_errors += 1;
-                tracing::debug!("undecodable record: {e}");
+            let n_splits = self.layers.upper_done(&rec, &mut splits);
+            if let Some(target) = target {
+                f(&Io { target, rec: &rec, layers: &splits[..n_splits] }, self.topo);
             }
         }
+        n
     }
-    n
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -8,13 +8,14 @@ use std::{
 
 use anyhow::Result;
 use serde::Serialize;
-use tracer_common::{IoRecord, event, flag, kind};
+use tracer_common::{event, flag, kind};
 
 use crate::{
+    layers::Phase,
     op::{Op, OpDecoder},
     record::comm,
     selection::Selection,
-    session::{Session, shutdown_signal},
+    session::{Io, Session, shutdown_signal},
     stage::{Stage, path},
     topology::Topology,
     tracer::LoadOptions,
@@ -31,9 +32,9 @@ struct Printer<W: Write> {
 }
 
 impl<W: Write> Printer<W> {
-    fn emit(&mut self, dev: u32, rec: &IoRecord, topo: &Topology) {
-        let name: &String = self.names.entry(dev).or_insert_with(|| topo.name_of(dev));
-        let line = line(name, rec, &self.ops, topo);
+    fn emit(&mut self, io: &Io, topo: &Topology) {
+        let name: &String = self.names.entry(io.target).or_insert_with(|| topo.name_of(io.target));
+        let line = line(name, io, &self.ops, topo);
         let r = if self.json {
             serde_json::to_writer(&mut self.out, &line)
                 .map_err(std::io::Error::from)
@@ -73,9 +74,33 @@ pub struct SnoopLine<'a> {
     pub error: u32,
     pub events_ns: BTreeMap<&'static str, u64>,
     pub stages_ns: BTreeMap<Stage, u64>,
+    /// This bio's address (bio records), which lower IOs name as `parent`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The upper bio this IO was remapped from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// Time in the device's submit function and in the md personality.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub submit_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub personality_ns: Option<u64>,
+    /// A stacked device's IO: its Q2C split against each device below.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub layers: Vec<LayerLine>,
 }
 
-pub fn line<'a>(device: &'a str, rec: &'a IoRecord, ops: &OpDecoder, topo: &Topology) -> SnoopLine<'a> {
+#[derive(Debug, Serialize)]
+pub struct LayerLine {
+    pub lower: String,
+    pub ios: u32,
+    pub layer_ns: u64,
+    pub lower_ns: u64,
+    pub completion_ns: u64,
+}
+
+pub fn line<'a>(device: &'a str, io: &Io<'a>, ops: &OpDecoder, topo: &Topology) -> SnoopLine<'a> {
+    let rec = io.rec;
     let mut stages_ns = BTreeMap::new();
     Stage::each_of(rec, |s, ns| {
         stages_ns.insert(s, ns);
@@ -93,7 +118,11 @@ pub fn line<'a>(device: &'a str, rec: &'a IoRecord, ops: &OpDecoder, topo: &Topo
     .map(|(n, e)| (n, rec.ts[e]))
     .collect();
     SnoopLine {
-        kind: if rec.kind == kind::MERGE { "merge" } else { "request" },
+        kind: match rec.kind {
+            kind::MERGE => "merge",
+            kind::BIO => "bio",
+            _ => "request",
+        },
         device,
         submitted_to: (rec.dev != 0).then(|| topo.name_of(rec.dev)),
         op: ops.op(rec.cmd_flags),
@@ -109,6 +138,21 @@ pub fn line<'a>(device: &'a str, rec: &'a IoRecord, ops: &OpDecoder, topo: &Topo
         error: rec.error,
         events_ns,
         stages_ns,
+        id: (rec.kind == kind::BIO).then(|| format!("{:#x}", rec.id)),
+        parent: (rec.parent != 0).then(|| format!("{:#x}", rec.parent)),
+        submit_ns: (rec.submit_ns != 0).then_some(rec.submit_ns),
+        personality_ns: (rec.personality_ns != 0).then_some(rec.personality_ns),
+        layers: io
+            .layers
+            .iter()
+            .map(|s| LayerLine {
+                lower: topo.name_of(s.lower),
+                ios: s.ios,
+                layer_ns: s.phase_ns(Phase::Layer),
+                lower_ns: s.phase_ns(Phase::Lower),
+                completion_ns: s.phase_ns(Phase::Completion),
+            })
+            .collect(),
     }
 }
 
@@ -172,14 +216,14 @@ pub async fn snoop(json: bool, duration: Option<f64>, selection: Selection, opts
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     while p.error.is_none() {
         tokio::select! {
-            r = session.read(|dev, rec, topo| p.emit(dev, rec, topo)) => r?,
+            r = session.read(|io, topo| p.emit(io, topo)) => r?,
             _ = tick.tick() => session.refresh_devices()?,
             _ = &mut deadline => break,
             _ = &mut shutdown => break,
         }
         p.flush();
     }
-    session.drain_now(|dev, rec, topo| p.emit(dev, rec, topo));
+    session.drain_now(|io, topo| p.emit(io, topo));
     p.flush();
     let lost = session.lost()?;
     let lost: Vec<_> = lost.reasons().into_iter().filter(|(_, n)| *n > 0).collect();

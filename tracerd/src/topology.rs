@@ -28,6 +28,23 @@ pub struct Device {
     pub partition: bool,
     /// blk-mq (request-based): has `mq/` in sysfs.
     pub request_based: bool,
+    /// Devices below this one (`slaves/`): an md array's members, a dm table's devices.
+    pub lowers: Vec<String>,
+    /// device-mapper name (`dm/name`), e.g. `lin0`.
+    pub dm_name: Option<String>,
+    /// md RAID level (`md/level`), e.g. `raid1`.
+    pub md_level: Option<String>,
+}
+
+impl Device {
+    /// `dm-0 (lin0)`, `md0 (raid1)`, `loop0`.
+    pub fn label(&self) -> String {
+        match (&self.dm_name, &self.md_level) {
+            (Some(n), _) => format!("{} ({n})", self.name),
+            (None, Some(level)) => format!("{} ({level})", self.name),
+            _ => self.name.clone(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -83,6 +100,22 @@ impl Topology {
         }
     }
 
+    /// The device and every device below it, recursively (a stack's members).
+    pub fn with_lowers(&self, name: &str) -> Vec<&Device> {
+        let mut out: Vec<&Device> = Vec::new();
+        let mut todo = vec![name.to_owned()];
+        while let Some(n) = todo.pop() {
+            if let Some(d) = self.by_name(&n) {
+                if out.iter().any(|o| o.dev == d.dev) {
+                    continue;
+                }
+                todo.extend(d.lowers.iter().cloned());
+                out.push(d);
+            }
+        }
+        out
+    }
+
     /// Sorted names, for error messages.
     pub fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.devices.values().map(|d| d.name.clone()).collect();
@@ -101,12 +134,20 @@ fn read_device(link: &Path) -> Result<Device> {
     let partition = path.join("partition").exists();
     let disk_path = if partition { path.parent().context("partition without disk")? } else { &path };
     let disk = disk_path.file_name().context("no disk name")?.to_string_lossy().into_owned();
+    let text = |p: PathBuf| fs::read_to_string(p).ok().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty());
+    let mut lowers: Vec<String> = fs::read_dir(path.join("slaves"))
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    lowers.sort();
     Ok(Device {
         dev: kernel_dev(major.parse()?, minor.parse()?),
-        name,
         disk,
         partition,
         request_based: disk_path.join("mq").is_dir(),
+        lowers,
+        dm_name: text(path.join("dm/name")),
+        md_level: text(path.join("md/level")),
+        name,
     })
 }
 
@@ -117,6 +158,17 @@ pub(crate) mod tests {
 
     /// A fake sysfs: (name, "maj:min", parent disk or None, blk-mq).
     pub fn fake_sysfs(devices: &[(&str, &str, Option<&str>, bool)]) -> tempdir::Dir {
+        fake_stacked_sysfs(devices, &[])
+    }
+
+    /// (name, "maj:min", lowers, dm name, md level).
+    pub type FakeStacked<'a> = (&'a str, &'a str, &'a [&'a str], Option<&'a str>, Option<&'a str>);
+
+    /// Like `fake_sysfs`, plus stacked devices: (name, "maj:min", lowers, dm name, md level).
+    pub fn fake_stacked_sysfs(
+        devices: &[(&str, &str, Option<&str>, bool)],
+        stacked: &[FakeStacked],
+    ) -> tempdir::Dir {
         let dir = tempdir::Dir::new();
         fs::create_dir_all(dir.0.join("class/block")).unwrap();
         for &(name, dev, parent, mq) in devices {
@@ -131,6 +183,23 @@ pub(crate) mod tests {
             }
             if mq {
                 fs::create_dir_all(path.join("mq")).unwrap();
+            }
+            symlink(&path, dir.0.join("class/block").join(name)).unwrap();
+        }
+        for &(name, dev, lowers, dm_name, md_level) in stacked {
+            let path = dir.0.join("devices/virtual").join(name);
+            fs::create_dir_all(path.join("slaves")).unwrap();
+            fs::write(path.join("dev"), format!("{dev}\n")).unwrap();
+            for l in lowers {
+                symlink(dir.0.join("devices").join(l), path.join("slaves").join(l)).unwrap();
+            }
+            if let Some(n) = dm_name {
+                fs::create_dir_all(path.join("dm")).unwrap();
+                fs::write(path.join("dm/name"), format!("{n}\n")).unwrap();
+            }
+            if let Some(level) = md_level {
+                fs::create_dir_all(path.join("md")).unwrap();
+                fs::write(path.join("md/level"), format!("{level}\n")).unwrap();
             }
             symlink(&path, dir.0.join("class/block").join(name)).unwrap();
         }
@@ -177,6 +246,25 @@ pub(crate) mod tests {
         assert_eq!(t.name_of(kernel_dev(7, 0)), "loop0");
         assert_eq!(t.name_of(kernel_dev(8, 16)), "8:16");
         assert_eq!(t.names(), vec!["loop0", "loop0p1", "md0"]);
+    }
+
+    #[test]
+    fn stacks_from_slaves_dm_and_md() {
+        let dir = fake_stacked_sysfs(
+            &[("ram0", "1:0", None, false), ("ram1", "1:1", None, false), ("ram2", "1:2", None, false)],
+            &[
+                ("md0", "9:0", &["ram0", "ram1"], None, Some("raid1")),
+                ("dm-0", "253:0", &["ram2"], Some("lin0"), None),
+                ("dm-1", "253:1", &["md0"], Some("top"), None),
+            ],
+        );
+        let t = Topology::scan_root(&dir.0).unwrap();
+        assert_eq!(t.by_name("md0").unwrap().lowers, vec!["ram0", "ram1"]);
+        assert_eq!(t.by_name("md0").unwrap().label(), "md0 (raid1)");
+        assert_eq!(t.by_name("dm-0").unwrap().label(), "dm-0 (lin0)");
+        let mut stack: Vec<&str> = t.with_lowers("dm-1").iter().map(|d| d.name.as_str()).collect();
+        stack.sort();
+        assert_eq!(stack, vec!["dm-1", "md0", "ram0", "ram1"]);
     }
 
     #[test]

@@ -8,11 +8,11 @@ use aya::{
     Btf as AyaBtf, Ebpf, EbpfLoader,
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
 };
-use tracer_common::{BioState, DeviceState, RequestState, lost, names};
+use tracer_common::{BioState, DeviceState, RequestState, Settings, lost, names};
 
 use crate::{
     btf::{Btf, VMLINUX},
-    hooks::{HOOKS, HookStatus},
+    hooks::{HOOKS, HookStatus, KPROBES, kprobes_available, load_kprobe_programs},
     layout,
     op::OpDecoder,
 };
@@ -28,8 +28,11 @@ pub struct LoadOptions {
 
 pub struct Tracer {
     ebpf: Ebpf,
+    /// Tracepoints, then kprobes (in `KPROBES` order).
     pub hooks: Vec<HookStatus>,
     pub ops: OpDecoder,
+    /// Whether the kprobe programs are loaded (kprobes exist here).
+    kprobes_loaded: bool,
 }
 
 const CAP_SYS_ADMIN: u32 = 21;
@@ -93,8 +96,13 @@ impl Tracer {
         let layout = layout::resolve(&btf)?;
         let ops = OpDecoder::from_btf(&btf)?;
         let aya_btf = AyaBtf::from_sys_fs().ok();
+        let settings = Settings { stacking: kprobes_available() as u32, _pad: 0 };
         let mut loader = EbpfLoader::new();
-        loader.btf(aya_btf.as_ref()).override_global(names::LAYOUT, &layout, true);
+        loader.btf(aya_btf.as_ref()).override_global(names::LAYOUT, &layout, true).override_global(
+            names::SETTINGS,
+            &settings,
+            true,
+        );
         if let Some(bytes) = opts.ring_buffer_bytes {
             loader.map_max_entries(names::EVENTS, bytes);
         }
@@ -115,7 +123,48 @@ impl Tracer {
             }
             hooks.push(status);
         }
-        Ok(Tracer { ebpf, hooks, ops })
+        let mut tracer = Tracer { ebpf, hooks, ops, kprobes_loaded: false };
+        tracer.load_kprobes();
+        Ok(tracer)
+    }
+
+    /// Loads the submit-path kprobes where the kernel has kprobes, and attaches what it can.
+    fn load_kprobes(&mut self) {
+        let why_not = if !kprobes_available() {
+            Some(
+                "kprobes are not available on this kernel (no kprobe PMU): md/dm submit-path time \
+                 and per-layer attribution are off"
+                    .to_string(),
+            )
+        } else {
+            load_kprobe_programs(&mut self.ebpf).err().map(|e| format!("kprobe programs failed to load: {e}"))
+        };
+        self.kprobes_loaded = why_not.is_none();
+        for k in KPROBES {
+            let status = match &why_not {
+                Some(reason) => k.skipped(reason.clone()),
+                None => k.attach(&mut self.ebpf),
+            };
+            log_status(&status);
+            self.hooks.push(status);
+        }
+    }
+
+    /// Retries kprobes that failed for want of their module (md or dm loaded later).
+    pub fn retry_kprobes(&mut self) {
+        if !self.kprobes_loaded {
+            return;
+        }
+        let first = HOOKS.len();
+        for (i, k) in KPROBES.iter().enumerate() {
+            if !self.hooks[first + i].attached() {
+                let status = k.attach(&mut self.ebpf);
+                if status.attached() {
+                    log_status(&status);
+                    self.hooks[first + i] = status;
+                }
+            }
+        }
     }
 
     /// The ring buffer of records (can be taken once).
@@ -172,6 +221,13 @@ impl Tracer {
             .collect();
         let stale_requests = old.iter().filter(|k| requests.remove(k).is_ok()).count() as u64;
         Ok((stale_bios, stale_requests))
+    }
+}
+
+fn log_status(s: &HookStatus) {
+    match (s.attach_type, &s.reason) {
+        (Some(how), _) => tracing::info!("attached {} ({how})", s.hook),
+        (None, why) => tracing::info!("skipped {}: {}", s.hook, why.as_deref().unwrap_or("unknown reason")),
     }
 }
 

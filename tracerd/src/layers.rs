@@ -1,0 +1,191 @@
+//! Per-layer attribution on stacked devices (md, dm). Lower IOs name their upper bio
+//! (`parent`); they complete before it, so their times wait here until the upper IO's record
+//! arrives. Its time is then split, for each device below it, into: time in this layer before
+//! the first lower IO was queued, time in the lower device, and time after the last lower
+//! completion. The three add up to the upper IO's Q2C exactly.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+use tracer_common::{IoRecord, event, kind};
+
+/// Distinct lower devices kept per upper IO (raid members, dm table devices).
+pub const MAX_LOWERS: usize = 8;
+/// Upper IOs waiting for completion; beyond this the oldest knowledge is dropped and counted.
+const MAX_PENDING: usize = 65_536;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// Upper Q to the first lower Q: time spent in this layer before any lower IO.
+    Layer,
+    /// First lower Q to last lower C: time in the device below.
+    Lower,
+    /// Last lower C to upper C: completion back up through this layer.
+    Completion,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 3] = [Phase::Layer, Phase::Lower, Phase::Completion];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Layer => "layer",
+            Phase::Lower => "lower",
+            Phase::Completion => "completion",
+        }
+    }
+}
+
+/// One upper IO's time, split against one lower device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LayerSplit {
+    /// The lower device (a traced device's `dev_t`).
+    pub lower: u32,
+    /// Lower IOs this upper IO sent to that device.
+    pub ios: u32,
+    pub layer_ns: u64,
+    pub lower_ns: u64,
+    pub completion_ns: u64,
+}
+
+impl LayerSplit {
+    pub fn phase_ns(&self, phase: Phase) -> u64 {
+        match phase {
+            Phase::Layer => self.layer_ns,
+            Phase::Lower => self.lower_ns,
+            Phase::Completion => self.completion_ns,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct LowerGroup {
+    dev: u32,
+    ios: u32,
+    first_q: u64,
+    last_c: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Pending {
+    groups: [LowerGroup; MAX_LOWERS],
+    n: usize,
+}
+
+#[derive(Debug, Default)]
+pub struct Layers {
+    pending: HashMap<u64, Pending>,
+    /// Lower IOs whose upper IO never completed while tracked (dropped when full).
+    pub orphaned: u64,
+}
+
+impl Layers {
+    /// A completed IO of device `lower`; kept if it was remapped from an upper bio.
+    pub fn lower_done(&mut self, lower: u32, rec: &IoRecord) {
+        let (q, c) = (rec.ts[event::Q], rec.ts[event::C]);
+        if rec.parent == 0 || q == 0 || c == 0 {
+            return;
+        }
+        if self.pending.len() >= MAX_PENDING && !self.pending.contains_key(&rec.parent) {
+            self.orphaned += self
+                .pending
+                .values()
+                .map(|p| p.groups[..p.n].iter().map(|g| g.ios as u64).sum::<u64>())
+                .sum::<u64>();
+            self.pending.clear();
+        }
+        let p = self.pending.entry(rec.parent).or_default();
+        let i = match p.groups[..p.n].iter().position(|g| g.dev == lower) {
+            Some(i) => i,
+            None if p.n < MAX_LOWERS => {
+                p.groups[p.n] = LowerGroup { dev: lower, ios: 0, first_q: q, last_c: c };
+                p.n += 1;
+                p.n - 1
+            }
+            None => return,
+        };
+        let g = &mut p.groups[i];
+        g.ios += 1;
+        g.first_q = g.first_q.min(q);
+        g.last_c = g.last_c.max(c);
+    }
+
+    /// An IO completed: if lower IOs named it as parent, writes its splits into `out` and
+    /// returns how many.
+    pub fn upper_done(&mut self, rec: &IoRecord, out: &mut [LayerSplit; MAX_LOWERS]) -> usize {
+        if rec.kind != kind::BIO || rec.id == 0 {
+            return 0;
+        }
+        let Some(p) = self.pending.remove(&rec.id) else { return 0 };
+        let (q, c) = (rec.ts[event::Q], rec.ts[event::C]);
+        for (slot, g) in out.iter_mut().zip(&p.groups[..p.n]) {
+            // Clamp into [Q, C] so the three parts always add up to Q2C.
+            let first_q = g.first_q.clamp(q, c);
+            let last_c = g.last_c.clamp(first_q, c);
+            *slot = LayerSplit {
+                lower: g.dev,
+                ios: g.ios,
+                layer_ns: first_q - q,
+                lower_ns: last_c - first_q,
+                completion_ns: c - last_c,
+            };
+        }
+        p.n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bio(id: u64, parent: u64, q: u64, c: u64) -> IoRecord {
+        let mut r = IoRecord { kind: kind::BIO, id, parent, ..Default::default() };
+        (r.ts[event::Q], r.ts[event::C]) = (q, c);
+        r
+    }
+
+    #[test]
+    fn raid1_write_splits_per_member_and_adds_up() {
+        let mut l = Layers::default();
+        // md0 write (id 1) at Q=100, C=1000; members on devs 10 and 11.
+        l.lower_done(10, &bio(50, 1, 200, 700));
+        l.lower_done(11, &bio(51, 1, 250, 900));
+        let mut out = [LayerSplit::default(); MAX_LOWERS];
+        let n = l.upper_done(&bio(1, 0, 100, 1000), &mut out);
+        assert_eq!(n, 2);
+        assert_eq!(
+            out[0],
+            LayerSplit { lower: 10, ios: 1, layer_ns: 100, lower_ns: 500, completion_ns: 300 }
+        );
+        assert_eq!(
+            out[1],
+            LayerSplit { lower: 11, ios: 1, layer_ns: 150, lower_ns: 650, completion_ns: 100 }
+        );
+        for s in &out[..n] {
+            assert_eq!(s.layer_ns + s.lower_ns + s.completion_ns, 900);
+        }
+        assert_eq!(l.upper_done(&bio(1, 0, 100, 1000), &mut out), 0, "an upper IO completes once");
+    }
+
+    #[test]
+    fn several_lower_ios_on_one_device_form_one_group() {
+        let mut l = Layers::default();
+        l.lower_done(10, &bio(50, 7, 200, 400));
+        l.lower_done(10, &bio(52, 7, 210, 600));
+        let mut out = [LayerSplit::default(); MAX_LOWERS];
+        assert_eq!(l.upper_done(&bio(7, 0, 150, 650), &mut out), 1);
+        assert_eq!(out[0], LayerSplit { lower: 10, ios: 2, layer_ns: 50, lower_ns: 400, completion_ns: 50 });
+    }
+
+    #[test]
+    fn unlinked_and_request_records_are_not_uppers() {
+        let mut l = Layers::default();
+        let mut out = [LayerSplit::default(); MAX_LOWERS];
+        l.lower_done(10, &bio(50, 0, 1, 2));
+        let mut rq = bio(9, 0, 1, 5);
+        rq.kind = kind::REQUEST;
+        assert_eq!(l.upper_done(&rq, &mut out), 0);
+        assert!(l.pending.is_empty());
+    }
+}
