@@ -19,7 +19,7 @@ pub fn decode(bytes: &[u8]) -> Result<IoRecord, RecordError> {
     // SAFETY: length checked; IoRecord is plain old data valid for any bit pattern.
     let rec: IoRecord = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
     match rec.kind {
-        kind::REQUEST | kind::MERGE => Ok(rec),
+        kind::REQUEST | kind::MERGE | kind::BIO => Ok(rec),
         k => Err(RecordError::Kind(k)),
     }
 }

@@ -209,9 +209,10 @@ impl Report {
         if self.devices.is_empty() {
             let _ = writeln!(out, "\nno IO completed on the traced devices during the capture.");
         }
+        self.render_stacks(&mut out);
         for d in &self.devices {
             for op in &d.ops {
-                render_op(&mut out, &d.device, op);
+                render_op(&mut out, &d.label, op);
             }
         }
         let lost: Vec<String> =
@@ -222,6 +223,34 @@ impl Report {
             let _ = writeln!(out, "skipped hook {}: {}", h.hook, h.reason.as_deref().unwrap_or("unknown"));
         }
         out
+    }
+}
+
+impl Report {
+    /// Device stacks as trees, from each device that no traced device sits on.
+    fn render_stacks(&self, out: &mut String) {
+        let stacked: Vec<&DeviceReport> = self.devices.iter().filter(|d| !d.lowers.is_empty()).collect();
+        if stacked.is_empty() {
+            return;
+        }
+        let _ = writeln!(out, "\ndevice stacks:");
+        let is_lower = |name: &str| stacked.iter().any(|d| d.lowers.iter().any(|l| l == name));
+        for top in stacked.iter().filter(|d| !is_lower(&d.device)) {
+            let _ = writeln!(out, "  {}", top.label);
+            self.render_tree(out, top, "  ");
+        }
+    }
+
+    fn render_tree(&self, out: &mut String, d: &DeviceReport, indent: &str) {
+        for (i, lower) in d.lowers.iter().enumerate() {
+            let last = i + 1 == d.lowers.len();
+            let below = self.devices.iter().find(|x| &x.device == lower);
+            let branch = if last { "└─" } else { "├─" };
+            let _ = writeln!(out, "{indent}{branch} {}", below.map_or(lower.as_str(), |l| l.label.as_str()));
+            if let Some(below) = below {
+                self.render_tree(out, below, &format!("{indent}{}", if last { "   " } else { "│  " }));
+            }
+        }
     }
 }
 
@@ -263,6 +292,44 @@ fn render_op(out: &mut String, device: &str, op: &OpReport) {
             t(s.p90_s),
             t(s.p99_s),
             t(s.p999_s),
+            t(s.max_s)
+        );
+    }
+    if !op.layers.is_empty() {
+        let _ = writeln!(
+            out,
+            "  per layer (Q2C = layer + lower + completion, IO by IO):\n  {:<10} {:>8} {:<11} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "lower", "ios", "phase", "mean", "p50", "p90", "p99", "max"
+        );
+        let t = |secs: f64| units::duration_ns(secs * 1e9);
+        for l in &op.layers {
+            for (i, (phase, s)) in l.phases.iter().enumerate() {
+                let (name, ios) =
+                    if i == 0 { (l.lower.as_str(), l.ios.to_string()) } else { ("", String::new()) };
+                let _ = writeln!(
+                    out,
+                    "  {:<10} {:>8} {:<11} {:>9} {:>9} {:>9} {:>9} {:>9}",
+                    name,
+                    ios,
+                    phase.as_str(),
+                    t(s.mean_s),
+                    t(s.p50_s),
+                    t(s.p90_s),
+                    t(s.p99_s),
+                    t(s.max_s)
+                );
+            }
+        }
+    }
+    for (function, s) in &op.submit_path {
+        let t = |secs: f64| units::duration_ns(secs * 1e9);
+        let _ = writeln!(
+            out,
+            "  submit path ({function}): {} IOs, mean {}, p50 {}, p99 {}, max {}",
+            s.count,
+            t(s.mean_s),
+            t(s.p50_s),
+            t(s.p99_s),
             t(s.max_s)
         );
     }
@@ -383,6 +450,38 @@ mod tests {
         let json: serde_json::Value = serde_json::to_value(&r).unwrap();
         assert_eq!(json["devices"][0]["ops"][0]["stages"]["g2d"]["count"], 3);
         assert_eq!(json["lost"]["ringbuf_full"], 0);
+    }
+
+    #[test]
+    fn text_shows_stacks_as_trees_with_layer_rows() {
+        use crate::layers::LayerSplit;
+        use crate::topology::tests::fake_stacked_sysfs;
+        let dir = fake_stacked_sysfs(
+            &[("ram0", "1:0", None, false), ("ram1", "1:1", None, false)],
+            &[("md0", "9:0", &["ram0", "ram1"], None, Some("raid1"))],
+        );
+        let topo = Topology::scan_root(&dir.0).unwrap();
+        let mut agg = Aggregator::new(false);
+        let name = |d: u32| topo.name_of(d);
+        let mut upper = IoRecord { kind: kind::BIO, submit_ns: 5000, ..Default::default() };
+        (upper.ts[event::Q], upper.ts[event::C]) = (0, 10_000);
+        let md0 = crate::topology::kernel_dev(9, 0);
+        let (ram0, ram1) = (crate::topology::kernel_dev(1, 0), crate::topology::kernel_dev(1, 1));
+        let splits = [
+            LayerSplit { lower: ram0, ios: 1, layer_ns: 1000, lower_ns: 8000, completion_ns: 1000 },
+            LayerSplit { lower: ram1, ios: 1, layer_ns: 2000, lower_ns: 7000, completion_ns: 1000 },
+        ];
+        agg.add(md0, Op::Write, &upper, &splits, name);
+        let mut lower = IoRecord { kind: kind::BIO, parent: 1, ..Default::default() };
+        (lower.ts[event::Q], lower.ts[event::C]) = (1000, 9000);
+        agg.add(ram0, Op::Write, &lower, &[], name);
+        agg.add(ram1, Op::Write, &lower, &[], name);
+        let text = Report::build(&agg, &topo, &Lost::default(), &[], "6.1", 1.0).render_text();
+        assert!(text.contains("device stacks:\n  md0 (raid1)\n  ├─ ram0\n  └─ ram1\n"), "{text}");
+        assert!(text.contains("md0 (raid1) write: 1 requests"), "{text}");
+        assert!(text.contains("per layer"), "{text}");
+        assert!(text.contains("  ram0              1 layer"), "{text}");
+        assert!(text.contains("submit path (submit_bio): 1 IOs, mean 5.0µs"), "{text}");
     }
 
     #[test]

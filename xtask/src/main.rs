@@ -5,8 +5,12 @@
 //! - `build`       setup + kernel object + tracerd (release)
 //! - `run`         build, then `tracerd run` (extra arguments go to tracerd)
 //! - `test`        build, then unit tests and the real-kernel integration tests
+//! - `vm-test`     build static binaries, boot a Debian 6.1 kernel under qemu with md/dm/brd/null_blk
 
+mod cpio;
 mod setup;
+mod vm;
+mod vm_scenarios;
 
 use std::{
     path::{Path, PathBuf},
@@ -46,6 +50,8 @@ enum Cmd {
         #[arg(long)]
         unit_only: bool,
     },
+    /// Boot a Debian 6.1 kernel under qemu (md, dm, brd, null_blk, kprobes) and run tracerd there.
+    VmTest,
 }
 
 fn main() {
@@ -74,6 +80,12 @@ fn real_main() -> Result<()> {
             run(Command::new(tracerd_bin()).args(&args), "tracerd")
         }
         Cmd::Test { unit_only } => test(unit_only),
+        Cmd::VmTest => {
+            let mut tally = Tally::default();
+            vm_tests(&mut tally)?;
+            println!("{} passed, {} failed", tally.passed, tally.failed);
+            Ok(())
+        }
     }
 }
 
@@ -170,13 +182,24 @@ fn test(unit_only: bool) -> Result<()> {
         cargo(None).args(["clippy", "--workspace", "--all-targets", "--release", "--", "-D", "warnings"]),
         "cargo clippy",
     )?;
-    tally
-        .run(cargo(None).args(["test", "--release", "-p", "tracer-common", "-p", "tracerd"]), "unit tests")?;
+    tally.run(
+        cargo(None).args(["test", "--release", "-p", "tracer-common", "-p", "tracerd", "-p", "xtask"]),
+        "unit tests",
+    )?;
     if !unit_only {
         integration_tests(&mut tally)?;
+        vm_tests(&mut tally)?;
     }
     println!("{} passed, {} failed", tally.passed, tally.failed);
     Ok(())
+}
+
+/// Boots the Debian kernel with every scenario, then asserts on its console log.
+fn vm_tests(tally: &mut Tally) -> Result<()> {
+    let log = vm::run_scenarios()?;
+    let mut cmd = cargo(None);
+    cmd.args(["test", "--release", "-p", "tracerd-tests", "--test", "vm"]).env("TRACERD_VM_CONSOLE", &log);
+    tally.run(&mut cmd, "VM tests (Debian kernel under qemu)")
 }
 
 fn integration_tests(tally: &mut Tally) -> Result<()> {
@@ -187,7 +210,17 @@ fn integration_tests(tally: &mut Tally) -> Result<()> {
         );
     }
     let mut cmd = cargo(None);
-    cmd.args(["test", "--release", "-p", "tracerd-tests", "--", "--test-threads=1"])
-        .env("TRACERD_BIN", tracerd_bin());
+    cmd.args([
+        "test",
+        "--release",
+        "-p",
+        "tracerd-tests",
+        "--lib",
+        "--test",
+        "host_kernel",
+        "--",
+        "--test-threads=1",
+    ])
+    .env("TRACERD_BIN", tracerd_bin());
     tally.run(&mut cmd, "integration tests (host kernel)")
 }

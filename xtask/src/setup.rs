@@ -24,7 +24,7 @@ unsafe extern "C" {
     fn libc_geteuid() -> u32;
 }
 
-fn output(cmd: &str, args: &[&str]) -> Option<String> {
+pub(crate) fn output(cmd: &str, args: &[&str]) -> Option<String> {
     let out = Command::new(cmd).args(args).output().ok()?;
     out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -38,7 +38,7 @@ fn package_installed(pkg: &str) -> bool {
 }
 
 /// Installs Debian packages that are missing (one `apt-get update` first).
-fn apt_install(pkgs: &[&str], why: &str) -> Result<()> {
+pub(crate) fn apt_install(pkgs: &[&str], why: &str) -> Result<()> {
     let missing: Vec<&str> = pkgs.iter().copied().filter(|p| !package_installed(p)).collect();
     if missing.is_empty() {
         return Ok(());

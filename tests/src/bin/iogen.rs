@@ -4,7 +4,12 @@
 //! in its own slot with a gap after it, so no two IOs are adjacent and the block layer cannot
 //! merge them: the number of requests the device sees equals the number issued.
 //!
-//! iogen DEVICE read|write COUNT SIZE QD   -> prints {"op":..,"count":..,"bytes":..} on success
+//! iogen DEVICE read|write COUNT SIZE QD [batch]
+//!   -> prints {"op":..,"count":..,"bytes":..} on success
+//!
+//! By default a completed IO is replaced at once (QD stays in flight). With `batch`, IOs go in
+//! rounds: QD submitted, all QD reaped, then the next round, so on a device that completes
+//! slower than a round is submitted, the depth at issue runs 1..QD once per round.
 
 use std::{
     alloc::{Layout, alloc_zeroed},
@@ -54,9 +59,10 @@ fn check(ret: libc::c_long, what: &str) -> libc::c_long {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.len() != 6 {
-        die("usage: iogen DEVICE read|write COUNT SIZE QD");
+    if args.len() != 6 && !(args.len() == 7 && args[6] == "batch") {
+        die("usage: iogen DEVICE read|write COUNT SIZE QD [batch]");
     }
+    let batch = args.len() == 7;
     let write = match args[2].as_str() {
         "read" => false,
         "write" => true,
@@ -137,8 +143,15 @@ fn main() {
                 die(&format!("IO returned {} instead of {size}", ev.res));
             }
             done += 1;
-            if submitted < count {
+            if !batch && submitted < count {
                 submit(ev.data as usize, submitted, &mut iocbs);
+                submitted += 1;
+            }
+        }
+        // A round is over when nothing is in flight.
+        if batch && done == submitted {
+            for slot in 0..qd.min(count - submitted) {
+                submit(slot as usize, submitted, &mut iocbs);
                 submitted += 1;
             }
         }

@@ -1,0 +1,226 @@
+//! Assertions on a run of the Debian 6.1 kernel under qemu (`cargo xtask vm-test`): md raid1,
+//! dm-linear, brd and null_blk exist only there. The guest runs tracerd against known
+//! workloads and prints its output between `VM-RESULT-BEGIN name` / `VM-RESULT-END name`
+//! markers on the serial console; xtask hands the console log over in TRACERD_VM_CONSOLE.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+fn console() -> String {
+    let path = std::env::var("TRACERD_VM_CONSOLE")
+        .expect("TRACERD_VM_CONSOLE is unset: these tests check a VM run; use `cargo xtask vm-test`");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read the VM console log {path}: {e}"))
+}
+
+fn section(name: &str) -> String {
+    let text = console();
+    let begin = format!("VM-RESULT-BEGIN {name}\n");
+    let end = format!("VM-RESULT-END {name}");
+    let start =
+        text.find(&begin).unwrap_or_else(|| panic!("no section {name} in the VM console log")) + begin.len();
+    let len = text[start..].find(&end).unwrap_or_else(|| panic!("section {name} is not closed"));
+    // Kernel messages ("[   12.345678] md: ...") can interleave on the serial console.
+    text[start..start + len]
+        .replace('\r', "")
+        .lines()
+        .filter(|l| !is_kernel_line(l))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+fn is_kernel_line(line: &str) -> bool {
+    line.strip_prefix('[').and_then(|rest| rest.split_once(']')).is_some_and(|(ts, _)| {
+        ts.trim().split_once('.').is_some_and(|(a, b)| a.chars().all(|c| c.is_ascii_digit()) && b.len() == 6)
+    })
+}
+
+fn json_lines(name: &str) -> Vec<Value> {
+    section(name)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{name}: not JSON ({e}): {l}")))
+        .collect()
+}
+
+fn report(name: &str) -> Value {
+    let text = section(name);
+    let start = text.find('{').unwrap_or_else(|| panic!("{name}: no JSON in\n{text}"));
+    serde_json::from_str(&text[start..]).unwrap_or_else(|e| panic!("{name}: bad JSON ({e}):\n{text}"))
+}
+
+fn device<'a>(report: &'a Value, name: &str) -> &'a Value {
+    report["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["device"] == name)
+        .unwrap_or_else(|| panic!("device {name} missing from report: {report}"))
+}
+
+fn op<'a>(device: &'a Value, op: &str) -> &'a Value {
+    device["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["op"] == op)
+        .unwrap_or_else(|| panic!("no {op} in {device}"))
+}
+
+fn count_by(lines: &[&Value], key: impl Fn(&Value) -> String) -> BTreeMap<String, u64> {
+    let mut m = BTreeMap::new();
+    for l in lines {
+        *m.entry(key(l)).or_default() += 1;
+    }
+    m
+}
+
+/// Every upper IO's layers add up to its Q2C, exactly.
+fn assert_layers_add_up(upper: &Value) {
+    let q2c = upper["stages_ns"]["q2c"].as_u64().expect("q2c");
+    for l in upper["layers"].as_array().expect("layers") {
+        let sum = l["layer_ns"].as_u64().unwrap()
+            + l["lower_ns"].as_u64().unwrap()
+            + l["completion_ns"].as_u64().unwrap();
+        assert_eq!(sum, q2c, "layer + lower + completion != Q2C: {upper}");
+    }
+}
+
+#[test]
+fn kprobes_attach_in_the_debian_kernel() {
+    let r = report("dm_report_json");
+    for hook in ["md_submit_bio", "dm_submit_bio", "raid1_make_request"] {
+        let h = r["hooks"].as_array().unwrap().iter().find(|h| h["hook"] == hook).expect(hook);
+        assert_eq!(h["attach_type"], "kprobe", "{h}");
+    }
+    for h in r["hooks"].as_array().unwrap() {
+        assert!(h["attach_type"].is_string(), "every hook attaches on 6.1: {h}");
+    }
+}
+
+#[test]
+fn dm_linear_each_io_counted_once_and_linked_to_one_lower_io() {
+    let lines = json_lines("dm_snoop");
+    let uppers: Vec<&Value> = lines.iter().filter(|l| l["device"] == "dm-0").collect();
+    let lowers: Vec<&Value> = lines.iter().filter(|l| l["device"] == "ram2").collect();
+    let want = BTreeMap::from([("read".to_string(), 300), ("write".to_string(), 200)]);
+    assert_eq!(count_by(&uppers, |l| l["op"].as_str().unwrap().to_owned()), want, "dm-0 IOs");
+    assert_eq!(count_by(&lowers, |l| l["op"].as_str().unwrap().to_owned()), want, "ram2 IOs");
+    for u in &uppers {
+        assert_eq!(u["kind"], "bio", "dm-0 is bio-based: {u}");
+        let layers = u["layers"].as_array().unwrap_or_else(|| panic!("no layers: {u}"));
+        assert_eq!(layers.len(), 1, "{u}");
+        assert_eq!(layers[0]["lower"], "ram2");
+        assert_eq!(layers[0]["ios"], 1, "one lower IO per dm-linear IO: {u}");
+        assert_layers_add_up(u);
+        assert!(u["submit_ns"].as_u64().unwrap_or(0) > 0, "dm_submit_bio timed: {u}");
+    }
+    assert!(lowers.iter().all(|l| l["parent"].is_string()), "every ram2 IO came from dm-0");
+
+    let r = report("dm_report_json");
+    let dm = device(&r, "dm-0");
+    assert_eq!(dm["label"], "dm-0 (lin0)");
+    assert_eq!(dm["lowers"], serde_json::json!(["ram2"]));
+    for (name, n) in [("read", 300), ("write", 200)] {
+        let o = op(dm, name);
+        assert_eq!(o["requests"], n);
+        assert_eq!(o["stages"]["q2c"]["count"], n);
+        assert_eq!(o["layers"][0]["lower"], "ram2");
+        assert_eq!(o["layers"][0]["ios"], n);
+        assert_eq!(o["layers"][0]["lower_ios"], n);
+        assert_eq!(o["submit_path"]["submit_bio"]["count"], n);
+        assert_eq!(op(device(&r, "ram2"), name)["requests"], n);
+    }
+    let text = section("dm_report_text");
+    assert!(text.contains("dm-0 (lin0)\n  └─ ram2"), "stack tree:\n{text}");
+    assert!(text.contains("per layer"), "{text}");
+}
+
+#[test]
+fn md_raid1_writes_link_to_both_members_reads_to_one() {
+    let lines = json_lines("md_snoop");
+    let uppers: Vec<&Value> = lines.iter().filter(|l| l["device"] == "md0").collect();
+    let writes: Vec<&&Value> = uppers.iter().filter(|l| l["op"] == "write").collect();
+    let reads: Vec<&&Value> = uppers.iter().filter(|l| l["op"] == "read").collect();
+    assert_eq!((writes.len(), reads.len()), (200, 100), "md0 IOs");
+    for w in &writes {
+        let lowers: Vec<&str> =
+            w["layers"].as_array().unwrap().iter().map(|l| l["lower"].as_str().unwrap()).collect();
+        assert_eq!(lowers, vec!["ram0", "ram1"], "a raid1 write goes to both mirrors: {w}");
+        assert!(w["layers"].as_array().unwrap().iter().all(|l| l["ios"] == 1), "{w}");
+        assert_layers_add_up(w);
+        assert!(
+            w["submit_ns"].as_u64().unwrap_or(0) > 0 && w["personality_ns"].as_u64().unwrap_or(0) > 0,
+            "{w}"
+        );
+    }
+    for r in &reads {
+        let layers = r["layers"].as_array().unwrap();
+        assert_eq!(layers.len(), 1, "a raid1 read goes to one mirror: {r}");
+        assert_eq!(layers[0]["ios"], 1);
+        assert_layers_add_up(r);
+    }
+    // Member IOs linked to md0 equal what md0 was asked to do.
+    let linked: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["parent"].is_string() && (l["device"] == "ram0" || l["device"] == "ram1"))
+        .collect();
+    let by =
+        count_by(&linked, |l| format!("{} {}", l["device"].as_str().unwrap(), l["op"].as_str().unwrap()));
+    assert_eq!(by.get("ram0 write"), Some(&200));
+    assert_eq!(by.get("ram1 write"), Some(&200));
+    assert_eq!(by.get("ram0 read").unwrap_or(&0) + by.get("ram1 read").unwrap_or(&0), 100);
+
+    let r = report("md_report_json");
+    let md = device(&r, "md0");
+    assert_eq!(md["label"], "md0 (raid1)");
+    assert_eq!(md["lowers"], serde_json::json!(["ram0", "ram1"]));
+    let w = op(md, "write");
+    assert_eq!(w["requests"], 200);
+    let per_member: BTreeMap<String, u64> = w["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| (l["lower"].as_str().unwrap().to_owned(), l["ios"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(per_member, BTreeMap::from([("ram0".into(), 200), ("ram1".into(), 200)]));
+    assert_eq!(w["submit_path"]["submit_bio"]["count"], 200, "md_submit_bio timed for every write");
+    assert_eq!(w["submit_path"]["personality"]["count"], 200, "raid1_make_request timed for every write");
+    assert_eq!(op(md, "read")["requests"], 100);
+    let text = section("md_report_text");
+    assert!(text.contains("md0 (raid1)\n  ├─ ram0\n  └─ ram1"), "stack tree:\n{text}");
+}
+
+#[test]
+fn null_blk_queue_depths_match_the_workload() {
+    // 96 reads in rounds of QD (iogen batch): every depth 1..=QD is seen 96/QD times.
+    let r = report("nullb_qd_report_json");
+    for (i, qd) in [1u64, 2, 4, 8, 16, 32].iter().enumerate() {
+        let d = device(&r, &format!("nullb{i}"));
+        let o = op(d, "read");
+        assert_eq!(o["requests"], 96, "nullb{i}");
+        let rows = o["by_queue_depth"].as_array().unwrap();
+        let seen: BTreeMap<u64, (u64, u64)> = rows
+            .iter()
+            .map(|q| {
+                let count = |s: &str| q["stages"][s]["count"].as_u64().unwrap();
+                (q["queue_depth"].as_u64().unwrap(), (count("q2d"), count("d2c")))
+            })
+            .collect();
+        let want: BTreeMap<u64, (u64, u64)> = (1..=*qd).map(|depth| (depth, (96 / qd, 96 / qd))).collect();
+        assert_eq!(seen, want, "nullb{i} at queue depth {qd}: (Q2D, D2C) counts per depth at issue");
+    }
+}
+
+#[test]
+fn null_blk_snoop_stages_are_ordered_on_the_second_kernel() {
+    let lines = json_lines("nullb_snoop");
+    assert_eq!(lines.len(), 300, "one line per IO");
+    for l in &lines {
+        assert_eq!(l["kind"], "request");
+        let e = &l["events_ns"];
+        let order: Vec<u64> = ["q", "g", "i", "d", "c"].iter().filter_map(|k| e[*k].as_u64()).collect();
+        assert!(order.windows(2).all(|w| w[0] <= w[1]), "{l}");
+        assert!(l["stages_ns"]["d2c"].as_u64().unwrap() <= l["stages_ns"]["q2c"].as_u64().unwrap(), "{l}");
+    }
+}

@@ -1,0 +1,90 @@
+//! The guest side of `cargo xtask vm-test`: known workloads on md raid1, dm-linear, brd and
+//! null_blk, traced by tracerd; results go to the console between VM-RESULT markers and are
+//! asserted on the host by tests/tests/vm.rs.
+
+use crate::vm::scenario;
+
+/// Shell helpers for scenarios: start a tracer in the background and wait until it is
+/// attached, stop it with SIGINT, print its output as a result section.
+const HELPERS: &str = r#"
+# Kernel messages would interleave with results on the console.
+echo 1 > /proc/sys/kernel/printk
+trace_start() {
+    name=$1; shift
+    /bin/tracerd "$@" > /tmp/$name.out 2> /tmp/$name.err &
+    eval "pid_$name=$!"
+    vm_wait_for /tmp/$name.err "attached [0-9]* hooks" $!
+}
+trace_stop() {
+    eval "p=\$pid_$1"
+    kill -INT $p
+    wait $p
+    echo "tracer $1 exit status: $?"
+}
+emit() {
+    echo "VM-RESULT-BEGIN $1"
+    cat /tmp/$1.out
+    echo "VM-RESULT-END $1"
+    if grep -qi "error" /tmp/$1.err; then echo "--- $1 stderr:"; cat /tmp/$1.err; fi
+}
+"#;
+
+/// dm-linear (lin0 = dm-0) over brd ram2: 300 reads at qd 1, 200 writes at qd 4.
+fn dm_linear() -> String {
+    scenario(
+        "dm",
+        r#"trace_start dm_snoop snoop --json --device dm-0
+trace_start dm_report_json report --json --duration 600 --device dm-0
+trace_start dm_report_text report --duration 600 --device dm-0
+/bin/iogen /dev/dm-0 read 300 4096 1
+/bin/iogen /dev/dm-0 write 200 4096 4
+sleep 1
+for t in dm_snoop dm_report_json dm_report_text; do trace_stop $t; done
+for t in dm_snoop dm_report_json dm_report_text; do emit $t; done"#,
+    )
+}
+
+/// md raid1 (md0 over ram0, ram1; --assume-clean): 200 writes at qd 1, 100 reads at qd 2.
+fn md_raid1() -> String {
+    scenario(
+        "md",
+        r#"# Dirty the array before tracing: md's own superblock write is not part of the workload,
+# and with safe mode off the array stays dirty (no further superblock writes).
+echo 0 > /sys/block/md0/md/safe_mode_delay
+/bin/iogen /dev/md0 write 1 4096 1 > /dev/null
+sleep 1
+trace_start md_snoop snoop --json --device md0
+trace_start md_report_json report --json --duration 600 --device md0
+trace_start md_report_text report --duration 600 --device md0
+/bin/iogen /dev/md0 write 200 4096 1
+/bin/iogen /dev/md0 read 100 4096 2
+sleep 1
+for t in md_snoop md_report_json md_report_text; do trace_stop $t; done
+for t in md_snoop md_report_json md_report_text; do emit $t; done"#,
+    )
+}
+
+/// null_blk (50 ms timer completions, so a round of requests is in flight together): 96 reads
+/// in rounds (iogen `batch`) at queue depths 1, 2, 4, 8, 16, 32 on nullb0..nullb5, so each
+/// depth 1..QD is seen 96/QD times; then a snoop of 300 reads at qd 16.
+fn null_blk() -> String {
+    scenario(
+        "nullb",
+        r#"trace_start nullb_qd_report_json report --json --by qd --duration 600 --device nullb0 --device nullb1 --device nullb2 --device nullb3 --device nullb4 --device nullb5
+i=0
+for qd in 1 2 4 8 16 32; do /bin/iogen /dev/nullb$i read 96 4096 $qd batch; i=$((i + 1)); done
+sleep 1
+trace_stop nullb_qd_report_json
+emit nullb_qd_report_json
+trace_start nullb_snoop snoop --json --device nullb0
+/bin/iogen /dev/nullb0 read 300 4096 16
+sleep 1
+trace_stop nullb_snoop
+emit nullb_snoop"#,
+    )
+}
+
+/// Every scenario, in order.
+pub fn all() -> String {
+    [HELPERS.to_string(), dm_linear(), md_raid1(), null_blk()].concat()
+}
