@@ -89,7 +89,7 @@ fn assert_layers_add_up(upper: &Value) {
 #[test]
 fn kprobes_attach_in_the_debian_kernel() {
     let r = report("dm_report_json");
-    for hook in ["md_submit_bio", "dm_submit_bio", "raid1_make_request"] {
+    for hook in ["md_submit_bio", "dm_submit_bio", "raid1_make_request", "dm_mq_queue_rq"] {
         let h = r["hooks"].as_array().unwrap().iter().find(|h| h["hook"] == hook).expect(hook);
         assert_eq!(h["attach_type"], "kprobe", "{h}");
     }
@@ -175,6 +175,7 @@ fn md_raid1_writes_link_to_both_members_reads_to_one() {
     let md = device(&r, "md0");
     assert_eq!(md["label"], "md0 (raid1)");
     assert_eq!(md["lowers"], serde_json::json!(["ram0", "ram1"]));
+    assert_eq!(device(&r, "ram0")["uppers"], serde_json::json!(["md0"]), "holders/");
     let w = op(md, "write");
     assert_eq!(w["requests"], 200);
     let per_member: BTreeMap<String, u64> = w["layers"]
@@ -210,6 +211,25 @@ fn null_blk_queue_depths_match_the_workload() {
         let want: BTreeMap<u64, (u64, u64)> = (1..=*qd).map(|depth| (depth, (96 / qd, 96 / qd))).collect();
         assert_eq!(seen, want, "nullb{i} at queue depth {qd}: (Q2D, D2C) counts per depth at issue");
     }
+}
+
+#[test]
+fn request_based_dm_links_each_request_to_its_clone() {
+    let lines = json_lines("mp_snoop");
+    let uppers: Vec<&Value> = lines.iter().filter(|l| l["device"] == "dm-1").collect();
+    let lowers: Vec<&Value> = lines.iter().filter(|l| l["device"] == "nullb6").collect();
+    assert_eq!(uppers.len(), 100, "dm-1 requests");
+    assert_eq!(lowers.len(), 100, "nullb6 clone requests");
+    for u in &uppers {
+        assert_eq!(u["kind"], "request", "multipath is request-based: {u}");
+        let layers = u["layers"].as_array().unwrap_or_else(|| panic!("no layers: {u}"));
+        assert_eq!(layers.len(), 1, "{u}");
+        assert_eq!(layers[0]["lower"], "nullb6");
+        assert_eq!(layers[0]["ios"], 1, "one clone per request: {u}");
+        assert_layers_add_up(u);
+        assert!(u["submit_ns"].as_u64().unwrap_or(0) > 0, "dm_mq_queue_rq timed: {u}");
+    }
+    assert!(lowers.iter().all(|l| l["parent"].is_string()), "every clone request came from dm-1");
 }
 
 #[test]

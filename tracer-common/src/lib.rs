@@ -192,6 +192,8 @@ pub struct KernelLayout {
     pub rq_data_len: u32,
     pub rq_sector: u32,
     pub queue_disk: u32,
+    /// `struct blk_mq_queue_data.rq`: the request handed to a driver's queue_rq.
+    pub queue_data_rq: u32,
     pub disk_major: u32,
     pub disk_first_minor: u32,
 }
@@ -216,6 +218,7 @@ impl KernelLayout {
         rq_data_len: 0,
         rq_sector: 0,
         queue_disk: 0,
+        queue_data_rq: 0,
         disk_major: 0,
         disk_first_minor: 0,
     };

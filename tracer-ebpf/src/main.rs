@@ -232,6 +232,7 @@ fn request_state(rq: u64) -> Option<*mut RequestState> {
     let mut state = RequestState::default();
     state.record.kind = kind::REQUEST;
     state.record.disk = disk;
+    state.record.id = rq;
     let bio: u64 = read(rq, l.rq_bio);
     // SAFETY: copy out of a map value.
     if let Some(b) = (unsafe { BIOS.get(&bio) }).copied() {
@@ -243,6 +244,14 @@ fn request_state(rq: u64) -> Option<*mut RequestState> {
         state.record.comm = b.comm;
         state.record.flags = b.flags;
         state.record.parent = b.parent;
+    }
+    if stacking() {
+        // A clone request of request-based dm (multipath): linked at its remap.
+        // SAFETY: copy out of a map value.
+        if let Some(parent) = unsafe { LINKS.get(&rq) }.copied() {
+            state.record.parent = parent;
+            let _ = LINKS.remove(&rq);
+        }
     }
     if REQUESTS.insert(&rq, &state, 0).is_err() {
         count_lost(lost::REQUEST_MAP_FULL);
@@ -346,6 +355,39 @@ fn on_bio_remap(lower: u64, upper_dev: u32) {
     }
     if LINKS.insert(&lower, &sub.bio, 0).is_err() {
         count_lost(lost::LINK_MAP_FULL);
+    }
+}
+
+/// Request-based dm sent the clone request `lower` down; the upper request is the one this task
+/// is dispatching (known from the kprobe on `dm_mq_queue_rq`).
+fn on_rq_remap(lower: u64, upper_dev: u32) {
+    on_bio_remap(lower, upper_dev);
+}
+
+/// Entry of request-based dm's queue_rq: the upper request it dispatches.
+fn on_queue_rq_enter(queue_data: u64) {
+    let l = layout();
+    let rq: u64 = read(queue_data, l.queue_data_rq);
+    let sub = SubmitState {
+        bio: rq,
+        entered_ns: unsafe { bpf_ktime_get_ns() },
+        dev: rq_disk(&l, rq),
+        ..SubmitState::default()
+    };
+    let _ = SUBMITTING.insert(&thread_id(), &sub, 0);
+}
+
+/// Return of queue_rq: its time goes to the upper request.
+fn on_queue_rq_exit() {
+    let tid = thread_id();
+    // SAFETY: copy out of a map value.
+    let Some(sub) = (unsafe { SUBMITTING.get(&tid) }).copied() else {
+        return;
+    };
+    let _ = SUBMITTING.remove(&tid);
+    if let Some(state) = REQUESTS.get_ptr_mut(&sub.bio) {
+        // SAFETY: map value pointer from a successful lookup.
+        unsafe { (*state).record.submit_ns += bpf_ktime_get_ns() - sub.entered_ns };
     }
 }
 
@@ -485,6 +527,14 @@ hook!("block_bio_remap", btf_bio_remap_a1, raw_bio_remap_a1, 1, |c| on_bio_remap
     arg::<1>(c),
     arg::<2>(c) as u32
 ));
+hook!("block_rq_remap", btf_rq_remap_a0, raw_rq_remap_a0, 0, |c| on_rq_remap(
+    arg::<0>(c),
+    arg::<1>(c) as u32
+));
+hook!("block_rq_remap", btf_rq_remap_a1, raw_rq_remap_a1, 1, |c| on_rq_remap(
+    arg::<1>(c),
+    arg::<2>(c) as u32
+));
 // (request_queue *, bio *) on every kernel tracerd supports.
 hook!("block_bio_complete", btf_bio_complete_a1, raw_bio_complete_a1, 1, |c| on_bio_complete(arg::<1>(c)));
 
@@ -500,6 +550,20 @@ pub fn kp_submit_bio(ctx: ProbeContext) -> u32 {
 #[kretprobe]
 pub fn kr_submit_bio(_ctx: RetProbeContext) -> u32 {
     on_submit_exit();
+    0
+}
+
+#[kprobe]
+pub fn kp_queue_rq(ctx: ProbeContext) -> u32 {
+    if let Some(queue_data) = ctx.arg::<u64>(1) {
+        on_queue_rq_enter(queue_data);
+    }
+    0
+}
+
+#[kretprobe]
+pub fn kr_queue_rq(_ctx: RetProbeContext) -> u32 {
+    on_queue_rq_exit();
     0
 }
 

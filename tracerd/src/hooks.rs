@@ -82,6 +82,13 @@ pub const HOOKS: &[Hook] = &[
         required: false,
     },
     Hook {
+        tracepoint: "block_rq_remap",
+        stem: "rq_remap",
+        pointer: "request",
+        variants: &[0, 1],
+        required: false,
+    },
+    Hook {
         tracepoint: "block_bio_complete",
         stem: "bio_complete",
         pointer: "bio",
@@ -101,6 +108,8 @@ pub const KPROBES: &[KprobeHook] = &[
     KprobeHook { function: "md_submit_bio", entry: "kp_submit_bio", ret: "kr_submit_bio" },
     KprobeHook { function: "dm_submit_bio", entry: "kp_submit_bio", ret: "kr_submit_bio" },
     KprobeHook { function: "raid1_make_request", entry: "kp_personality", ret: "kr_personality" },
+    // Request-based dm (multipath): the upper request being dispatched.
+    KprobeHook { function: "dm_mq_queue_rq", entry: "kp_queue_rq", ret: "kr_queue_rq" },
 ];
 
 const KPROBE_PMU: &str = "/sys/bus/event_source/devices/kprobe/type";
@@ -117,7 +126,9 @@ fn kprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut KProbe, String> 
 
 /// Loads the kprobe programs once (each attaches to several functions).
 pub fn load_kprobe_programs(ebpf: &mut Ebpf) -> Result<(), String> {
-    for name in ["kp_submit_bio", "kr_submit_bio", "kp_personality", "kr_personality"] {
+    for name in
+        ["kp_submit_bio", "kr_submit_bio", "kp_personality", "kr_personality", "kp_queue_rq", "kr_queue_rq"]
+    {
         kprobe(ebpf, name)?.load().map_err(|e| format!("{name}: {}", error_chain(&e)))?;
     }
     Ok(())

@@ -59,6 +59,12 @@ impl LayerSplit {
     }
 }
 
+/// When an IO entered its device: Q, or for a request that was never queued as a bio (the
+/// clone request of request-based dm) its first event.
+fn start(rec: &IoRecord) -> u64 {
+    [event::Q, event::G, event::I, event::D].iter().map(|&e| rec.ts[e]).find(|&t| t != 0).unwrap_or(0)
+}
+
 #[derive(Clone, Copy, Debug, Default)]
 struct LowerGroup {
     dev: u32,
@@ -83,7 +89,7 @@ pub struct Layers {
 impl Layers {
     /// A completed IO of device `lower`; kept if it was remapped from an upper bio.
     pub fn lower_done(&mut self, lower: u32, rec: &IoRecord) {
-        let (q, c) = (rec.ts[event::Q], rec.ts[event::C]);
+        let (q, c) = (start(rec), rec.ts[event::C]);
         if rec.parent == 0 || q == 0 || c == 0 {
             return;
         }
@@ -114,11 +120,11 @@ impl Layers {
     /// An IO completed: if lower IOs named it as parent, writes its splits into `out` and
     /// returns how many.
     pub fn upper_done(&mut self, rec: &IoRecord, out: &mut [LayerSplit; MAX_LOWERS]) -> usize {
-        if rec.kind != kind::BIO || rec.id == 0 {
+        if rec.kind == kind::MERGE || rec.id == 0 || self.pending.is_empty() {
             return 0;
         }
         let Some(p) = self.pending.remove(&rec.id) else { return 0 };
-        let (q, c) = (rec.ts[event::Q], rec.ts[event::C]);
+        let (q, c) = (start(rec), rec.ts[event::C]);
         for (slot, g) in out.iter_mut().zip(&p.groups[..p.n]) {
             // Clamp into [Q, C] so the three parts always add up to Q2C.
             let first_q = g.first_q.clamp(q, c);
@@ -179,13 +185,30 @@ mod tests {
     }
 
     #[test]
-    fn unlinked_and_request_records_are_not_uppers() {
+    fn unlinked_ios_wait_for_nothing() {
         let mut l = Layers::default();
         let mut out = [LayerSplit::default(); MAX_LOWERS];
         l.lower_done(10, &bio(50, 0, 1, 2));
-        let mut rq = bio(9, 0, 1, 5);
-        rq.kind = kind::REQUEST;
-        assert_eq!(l.upper_done(&rq, &mut out), 0);
         assert!(l.pending.is_empty());
+        assert_eq!(l.upper_done(&bio(9, 0, 1, 5), &mut out), 0);
+    }
+
+    #[test]
+    fn request_based_dm_clone_requests_start_at_their_first_event() {
+        let mut l = Layers::default();
+        // The clone request on the path device: no Q, issued at 300, complete at 800.
+        let mut clone = IoRecord { kind: kind::REQUEST, id: 77, parent: 5, ..Default::default() };
+        (clone.ts[event::D], clone.ts[event::C]) = (300, 800);
+        l.lower_done(10, &clone);
+        // The upper request on dm-1: Q 100, G 150, D 250, C 900.
+        let mut upper = IoRecord { kind: kind::REQUEST, id: 5, ..Default::default() };
+        (upper.ts[event::Q], upper.ts[event::G], upper.ts[event::D], upper.ts[event::C]) =
+            (100, 150, 250, 900);
+        let mut out = [LayerSplit::default(); MAX_LOWERS];
+        assert_eq!(l.upper_done(&upper, &mut out), 1);
+        assert_eq!(
+            out[0],
+            LayerSplit { lower: 10, ios: 1, layer_ns: 200, lower_ns: 500, completion_ns: 100 }
+        );
     }
 }

@@ -26,6 +26,7 @@ pub fn resolve(btf: &Btf) -> Result<KernelLayout> {
         rq_q: off("request", &["q"])?,
         disk_major: off("gendisk", &["major"])?,
         disk_first_minor: off("gendisk", &["first_minor"])?,
+        queue_data_rq: off("blk_mq_queue_data", &["rq"])?,
         ..KernelLayout::ZERO
     };
     // 5.12 moved bio->bi_disk/bi_partno to bio->bi_bdev.
@@ -76,6 +77,7 @@ mod tests {
             ],
         );
         b.strukt("request_queue", 4, 64, &[("disk", u64t, 40)]);
+        b.strukt("blk_mq_queue_data", 4, 16, &[("rq", u64t, 0), ("last", u32t, 8)]);
         let mut rq = vec![
             ("q", u64t, 0),
             ("cmd_flags", u32t, 24),

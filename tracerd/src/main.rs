@@ -1,31 +1,15 @@
 //! tracerd: an eBPF block-layer latency tracer. See README.md.
 
-mod aggregate;
-mod btf;
-mod cli;
-mod hooks;
-mod http;
-mod layers;
-mod layout;
-mod metrics;
-mod op;
-mod record;
-mod report;
-mod run;
-mod selection;
-mod session;
-mod snoop;
-mod stage;
-mod topology;
-mod tracer;
-mod units;
-
 use anyhow::Result;
 use clap::Parser;
 
-use cli::{By, Cli, Command, TraceArgs};
-use selection::Selection;
-use tracer::LoadOptions;
+use tracerd::{
+    cli::{By, Cli, Command, TraceArgs},
+    report, run,
+    selection::Selection,
+    snoop,
+    tracer::LoadOptions,
+};
 
 fn main() {
     let cli = Cli::parse();

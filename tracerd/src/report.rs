@@ -45,6 +45,9 @@ pub struct DeviceReport {
     /// Devices directly below this one (stacked devices).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub lowers: Vec<String>,
+    /// Devices stacked directly on this one.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub uppers: Vec<String>,
     pub ops: Vec<OpReport>,
 }
 
@@ -188,6 +191,7 @@ impl Report {
                         device: device.to_owned(),
                         label: known.map_or_else(|| device.to_owned(), |d| d.label()),
                         lowers: known.map(|d| d.lowers.clone()).unwrap_or_default(),
+                        uppers: known.map(|d| d.uppers.clone()).unwrap_or_default(),
                         ops: vec![op_report],
                     })
                 }

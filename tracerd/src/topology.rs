@@ -30,6 +30,8 @@ pub struct Device {
     pub request_based: bool,
     /// Devices below this one (`slaves/`): an md array's members, a dm table's devices.
     pub lowers: Vec<String>,
+    /// Devices stacked on this one (`holders/`).
+    pub uppers: Vec<String>,
     /// device-mapper name (`dm/name`), e.g. `lin0`.
     pub dm_name: Option<String>,
     /// md RAID level (`md/level`), e.g. `raid1`.
@@ -135,16 +137,21 @@ fn read_device(link: &Path) -> Result<Device> {
     let disk_path = if partition { path.parent().context("partition without disk")? } else { &path };
     let disk = disk_path.file_name().context("no disk name")?.to_string_lossy().into_owned();
     let text = |p: PathBuf| fs::read_to_string(p).ok().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty());
-    let mut lowers: Vec<String> = fs::read_dir(path.join("slaves"))
-        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
-        .unwrap_or_default();
-    lowers.sort();
+    let names_in = |dir: &str| {
+        let mut v: Vec<String> = fs::read_dir(path.join(dir))
+            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    let (lowers, uppers) = (names_in("slaves"), names_in("holders"));
     Ok(Device {
         dev: kernel_dev(major.parse()?, minor.parse()?),
         disk,
         partition,
         request_based: disk_path.join("mq").is_dir(),
         lowers,
+        uppers,
         dm_name: text(path.join("dm/name")),
         md_level: text(path.join("md/level")),
         name,
@@ -192,6 +199,9 @@ pub(crate) mod tests {
             fs::write(path.join("dev"), format!("{dev}\n")).unwrap();
             for l in lowers {
                 symlink(dir.0.join("devices").join(l), path.join("slaves").join(l)).unwrap();
+                let holders = dir.0.join("devices").join(l).join("holders");
+                fs::create_dir_all(&holders).unwrap();
+                symlink(&path, holders.join(name)).unwrap();
             }
             if let Some(n) = dm_name {
                 fs::create_dir_all(path.join("dm")).unwrap();
@@ -260,6 +270,7 @@ pub(crate) mod tests {
         );
         let t = Topology::scan_root(&dir.0).unwrap();
         assert_eq!(t.by_name("md0").unwrap().lowers, vec!["ram0", "ram1"]);
+        assert_eq!(t.by_name("ram0").unwrap().uppers, vec!["md0"]);
         assert_eq!(t.by_name("md0").unwrap().label(), "md0 (raid1)");
         assert_eq!(t.by_name("dm-0").unwrap().label(), "dm-0 (lin0)");
         let mut stack: Vec<&str> = t.with_lowers("dm-1").iter().map(|d| d.name.as_str()).collect();

@@ -33,7 +33,7 @@ const MUSL: &str = "x86_64-unknown-linux-musl";
 /// Debian's meta package; it depends on the concrete `linux-image-<abi>-amd64`.
 const KERNEL_META: &str = "linux-image-amd64";
 /// Modules the guest prologue loads (their dependencies come along, see [`VmKernel::module_files`]).
-pub const GUEST_MODULES: &[&str] = &["brd", "raid1", "dm-mod", "null_blk"];
+pub const GUEST_MODULES: &[&str] = &["brd", "raid1", "dm-mod", "dm-multipath", "dm-round-robin", "null_blk"];
 /// Mount points the prologue mounts on.
 const GUEST_DIRS: &[&str] = &["proc", "sys", "dev", "tmp", "run", "sys/kernel/debug", "sys/kernel/tracing"];
 /// Userspace tools copied from the host with their shared libraries: (guest path, command).
@@ -697,20 +697,26 @@ modprobe brd rd_nr=3 rd_size=65536 || vm_fail "modprobe brd"
 modprobe raid1 || vm_fail "modprobe raid1"
 modprobe dm-mod || vm_fail "modprobe dm-mod"
 # Six devices for the queue-depth scenario; timer completions keep requests in flight.
-modprobe null_blk nr_devices=6 irqmode=2 completion_nsec=50000000 hw_queue_depth=64 \
+modprobe dm-multipath || vm_fail "modprobe dm-multipath"
+modprobe dm-round-robin || vm_fail "modprobe dm-round-robin"
+modprobe null_blk nr_devices=7 irqmode=2 completion_nsec=50000000 hw_queue_depth=64 \
     || vm_fail "modprobe null_blk"
 # No udev in here: mdadm and dmsetup create their device nodes themselves.
 export MDADM_NO_UDEV=1 DM_DISABLE_UDEV=1
 mdadm --create /dev/md0 --run --force --level=1 --raid-devices=2 --metadata=1.2 --assume-clean \
     /dev/ram0 /dev/ram1 || vm_fail "mdadm --create /dev/md0"
 dmsetup create lin0 --table "0 131072 linear /dev/ram2 0" || vm_fail "dmsetup create lin0"
-for d in ram0 ram1 ram2 md0 dm-0 nullb0; do
+# Request-based dm: a one-path multipath device (dm-1) over nullb6.
+dmsetup create mp0 --table "0 131072 multipath 0 0 1 1 round-robin 0 1 1 /dev/nullb6 1" \
+    || vm_fail "dmsetup create mp0"
+for d in ram0 ram1 ram2 md0 dm-0 dm-1 nullb0 nullb6; do
     [ -b /dev/$d ] || vm_fail "/dev/$d is missing"
 done
 echo VM-SETUP-DONE
 
 {scenarios}
 echo VM-TEARDOWN
+dmsetup remove mp0
 dmsetup remove lin0
 mdadm --stop /dev/md0
 echo VM-DONE

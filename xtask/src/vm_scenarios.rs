@@ -84,7 +84,19 @@ emit nullb_snoop"#,
     )
 }
 
+/// Request-based dm (multipath mp0 = dm-1 over nullb6): 100 reads at qd 4.
+fn dm_multipath() -> String {
+    scenario(
+        "mp",
+        r#"trace_start mp_snoop snoop --json --device dm-1
+/bin/iogen /dev/dm-1 read 100 4096 4
+sleep 1
+trace_stop mp_snoop
+emit mp_snoop"#,
+    )
+}
+
 /// Every scenario, in order.
 pub fn all() -> String {
-    [HELPERS.to_string(), dm_linear(), md_raid1(), null_blk()].concat()
+    [HELPERS.to_string(), dm_linear(), md_raid1(), null_blk(), dm_multipath()].concat()
 }
