@@ -112,6 +112,28 @@ pub struct BioState {
     pub comm: [u8; 16],
 }
 
+/// One entry of a slot table (the kernel's in-flight bios and requests): a 4-way
+/// set-associative array indexed by a hash of the pointer. Array lookups are inlined by the
+/// verifier; a hash map costs a helper call and a lock per operation, several times per IO.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Slot<V> {
+    /// `struct bio *` or `struct request *`; 0 marks a free slot.
+    pub key: u64,
+    pub value: V,
+}
+
+/// Ways per set of a slot table.
+pub const SLOT_WAYS: u32 = 4;
+
+/// First slot of the set `key` belongs to, in a table of `slots` entries (a power of two).
+#[inline(always)]
+pub fn slot_set(key: u64, slots: u32) -> u32 {
+    // Fibonacci hashing of the pointer without its alignment bits.
+    let h = (key >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    ((h >> 32) as u32 & (slots / SLOT_WAYS - 1)) * SLOT_WAYS
+}
+
 /// A task inside a stacked device's submit function. Key: thread id.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -131,6 +153,11 @@ pub struct SubmitState {
 pub struct Settings {
     /// Non-zero when the submit-path kprobes are attached, so remaps can be linked.
     pub stacking: u32,
+    /// Records are committed without waking the reader (which polls on a timer) until this many
+    /// bytes wait in the ring buffer: a wakeup per record costs an IPI per IO.
+    pub wakeup_bytes: u32,
+    /// Non-zero when every device is traced: the per-bio device filter lookup is skipped.
+    pub all_devices: u32,
     pub _pad: u32,
 }
 
@@ -226,10 +253,11 @@ impl KernelLayout {
 
 /// Map sizes; the daemon may override them at load time.
 pub mod limits {
-    /// Bios between Q and their request's first I/D (or a merge): a few per in-flight IO.
-    pub const MAX_BIOS: u32 = 65_536;
-    /// Requests between first I/D and full completion: bounded by the sum of queue depths.
-    pub const MAX_REQUESTS: u32 = 65_536;
+    /// Bio slots (Q until the request's first I/D, a merge, or completion): a few per IO in
+    /// flight. A set's four ways all busy at once counts as `bio_map_full`.
+    pub const BIO_SLOTS: u32 = 16_384;
+    /// Request slots (first I/D until full completion): bounded by the sum of queue depths.
+    pub const REQUEST_SLOTS: u32 = 16_384;
     /// Disks and partitions traced.
     pub const MAX_DEVICES: u32 = 4_096;
     /// Lower bios remapped and not yet queued: a few per in-flight stacked IO.
@@ -261,5 +289,6 @@ mod user {
     unsafe impl aya::Pod for DeviceState {}
     unsafe impl aya::Pod for KernelLayout {}
     unsafe impl aya::Pod for SubmitState {}
+    unsafe impl<V: aya::Pod> aya::Pod for Slot<V> {}
     unsafe impl aya::Pod for Settings {}
 }

@@ -14,7 +14,7 @@
 
 use core::{
     ffi::c_void,
-    intrinsics::{AtomicOrdering, atomic_xadd},
+    intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd},
     ptr::read_volatile,
 };
 
@@ -22,25 +22,25 @@ use aya_ebpf::{
     EbpfContext,
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{btf_tracepoint, kprobe, kretprobe, map, raw_tracepoint},
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::{BtfTracePointContext, ProbeContext, RawTracePointContext, RetProbeContext},
 };
 use tracer_common::{
-    BioState, DeviceState, IoRecord, KernelLayout, RequestState, Settings, SubmitState, bio_dev_path, event,
-    flag, kind, limits, lost, rq_disk_path,
+    BioState, DeviceState, IoRecord, KernelLayout, RequestState, SLOT_WAYS, Settings, Slot, SubmitState,
+    bio_dev_path, event, flag, kind, limits, lost, rq_disk_path, slot_set,
 };
 
 /// Struct offsets of the running kernel, written by the loader (read-only data).
 #[unsafe(no_mangle)]
 static LAYOUT: KernelLayout = KernelLayout::ZERO;
 
-/// Bios between Q and their request (or merge). Key: `struct bio *`.
+/// Bios between Q and their request (or merge, or completion). Key: `struct bio *`.
 #[map]
-static BIOS: HashMap<u64, BioState> = HashMap::with_max_entries(limits::MAX_BIOS, 0);
+static BIOS: Array<Slot<BioState>> = Array::with_max_entries(limits::BIO_SLOTS, 0);
 
 /// Requests between first I/D and full completion. Key: `struct request *`.
 #[map]
-static REQUESTS: HashMap<u64, RequestState> = HashMap::with_max_entries(limits::MAX_REQUESTS, 0);
+static REQUESTS: Array<Slot<RequestState>> = Array::with_max_entries(limits::REQUEST_SLOTS, 0);
 
 /// Traced disks and partitions, with each disk's in-flight count. Key: kernel `dev_t`.
 #[map]
@@ -52,7 +52,7 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(limits::RINGBUF_BYTES, 0);
 
 /// Start-up choices (read-only data).
 #[unsafe(no_mangle)]
-static SETTINGS: Settings = Settings { stacking: 0, _pad: 0 };
+static SETTINGS: Settings = Settings { stacking: 0, wakeup_bytes: 0, all_devices: 0, _pad: 0 };
 
 /// Lower bios remapped by a stacked device, until their Q. Key: lower `struct bio *`;
 /// value: the upper `struct bio *`.
@@ -67,6 +67,80 @@ static SUBMITTING: HashMap<u32, SubmitState> = HashMap::with_max_entries(limits:
 #[map]
 static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(lost::KERNEL_COUNT, 0);
 
+/// A kernel pointer as a plain number, for hashing and map keys. tp_btf programs hold typed
+/// pointers, on which the verifier allows no arithmetic but adding offsets; copying the value
+/// through bpf_probe_read_kernel yields a scalar.
+#[inline(always)]
+fn scalar(ptr: u64) -> u64 {
+    let spilled = ptr;
+    // SAFETY: reads our own stack slot.
+    unsafe { bpf_probe_read_kernel(&raw const spilled) }.unwrap_or(0)
+}
+
+/// The slot of `key` in a slot table (see `tracer_common::Slot`).
+#[inline(always)]
+fn slot_find<V>(table: &Array<Slot<V>>, size: u32, key: u64) -> Option<*mut Slot<V>> {
+    let set = slot_set(key, size);
+    for way in 0..SLOT_WAYS {
+        if let Some(slot) = table.get_ptr_mut(set + way) {
+            // SAFETY: array value pointer.
+            if unsafe { (*slot).key } == key {
+                return Some(slot);
+            }
+        }
+    }
+    None
+}
+
+#[inline(always)]
+fn slot_get<V>(table: &Array<Slot<V>>, size: u32, key: u64) -> Option<*mut V> {
+    // SAFETY: array value pointer.
+    slot_find(table, size, key).map(|slot| unsafe { &raw mut (*slot).value })
+}
+
+/// Copies the value out and frees the slot.
+#[inline(always)]
+fn slot_take<V: Copy>(table: &Array<Slot<V>>, size: u32, key: u64) -> Option<V> {
+    let slot = slot_find(table, size, key)?;
+    // SAFETY: array value pointer.
+    unsafe {
+        let value = (*slot).value;
+        (*slot).key = 0;
+        Some(value)
+    }
+}
+
+/// Stores `value` under `key`, claiming a free way of its set atomically (CPUs insert
+/// concurrently). False when all ways are busy.
+#[inline(always)]
+fn slot_put<V: Copy>(table: &Array<Slot<V>>, size: u32, key: u64, value: &V) -> bool {
+    // A pointer reused before its old entry was freed (a missed completion) takes it over.
+    if let Some(slot) = slot_find(table, size, key) {
+        // SAFETY: array value pointer.
+        unsafe { (*slot).value = *value };
+        return true;
+    }
+    let set = slot_set(key, size);
+    for way in 0..SLOT_WAYS {
+        if let Some(slot) = table.get_ptr_mut(set + way) {
+            // SAFETY: array value pointer; the compare-exchange makes one CPU the owner.
+            let (_, won) = unsafe {
+                atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+                    &raw mut (*slot).key,
+                    0,
+                    key,
+                )
+            };
+            if won {
+                // SAFETY: the slot is ours.
+                unsafe { (*slot).value = *value };
+                return true;
+            }
+        }
+    }
+    false
+}
+
 #[inline(always)]
 fn layout() -> KernelLayout {
     // SAFETY: a plain read of our own global; volatile so the loader's value is used.
@@ -77,6 +151,17 @@ fn layout() -> KernelLayout {
 fn stacking() -> bool {
     // SAFETY: a plain read of our own global; volatile so the loader's value is used.
     unsafe { read_volatile(&SETTINGS) }.stacking != 0
+}
+
+/// Commit flags: no wakeup, unless the reader has fallen behind by `wakeup_bytes`.
+#[inline(always)]
+fn commit_flags() -> u64 {
+    const BPF_RB_NO_WAKEUP: u64 = 1;
+    const BPF_RB_FORCE_WAKEUP: u64 = 2;
+    const BPF_RB_AVAIL_DATA: u64 = 0;
+    // SAFETY: a plain read of our own global.
+    let threshold = unsafe { read_volatile(&SETTINGS) }.wakeup_bytes as u64;
+    if EVENTS.query(BPF_RB_AVAIL_DATA) >= threshold { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP }
 }
 
 #[inline(always)]
@@ -92,11 +177,46 @@ fn count_lost(reason: u32) {
     }
 }
 
-/// Reads a `T` at `base + offset` in kernel memory; zero if unreadable.
-#[inline(always)]
-fn read<T: Default>(base: u64, offset: u32) -> T {
-    // SAFETY: bpf_probe_read_kernel checks the address.
-    unsafe { bpf_probe_read_kernel((base + offset as u64) as *const T) }.unwrap_or_default()
+/// How a program reads kernel memory. tp_btf programs get typed pointers and load fields
+/// directly (the verifier checks each access against BTF; a fault reads zero); raw_tp and
+/// kprobe programs get plain numbers and must use bpf_probe_read_kernel.
+trait Mem {
+    fn read<T: Default + Copy>(base: u64, offset: u32) -> T;
+    /// The pointer as a number usable as a key.
+    fn key(ptr: u64) -> u64;
+}
+
+/// Direct loads through BTF-typed pointers (tp_btf).
+struct Direct;
+
+impl Mem for Direct {
+    #[inline(always)]
+    fn read<T: Default + Copy>(base: u64, offset: u32) -> T {
+        // SAFETY: the verifier only accepts this load where `base` is a BTF-typed pointer and
+        // `offset` (a read-only constant) names a member of the right size; faults read zero.
+        unsafe { core::ptr::read((base + offset as u64) as *const T) }
+    }
+
+    #[inline(always)]
+    fn key(ptr: u64) -> u64 {
+        scalar(ptr)
+    }
+}
+
+/// Helper-checked reads (raw_tp, kprobe).
+struct Probe;
+
+impl Mem for Probe {
+    #[inline(always)]
+    fn read<T: Default + Copy>(base: u64, offset: u32) -> T {
+        // SAFETY: bpf_probe_read_kernel checks the address.
+        unsafe { bpf_probe_read_kernel((base + offset as u64) as *const T) }.unwrap_or_default()
+    }
+
+    #[inline(always)]
+    fn key(ptr: u64) -> u64 {
+        ptr
+    }
 }
 
 /// Argument `N` of a tp_btf or raw_tp context (both are arrays of u64).
@@ -111,92 +231,92 @@ fn mkdev(major: u32, minor: u32) -> u32 {
     (major << 20) | minor
 }
 
-fn bio_dev(l: &KernelLayout, bio: u64) -> u32 {
+fn bio_dev<M: Mem>(l: &KernelLayout, bio: u64) -> u32 {
     if l.bio_dev_path == bio_dev_path::DISK_PARTNO {
-        let disk: u64 = read(bio, l.bio_bi_disk);
-        let partno: u8 = read(bio, l.bio_bi_partno);
-        let major: u32 = read(disk, l.disk_major);
-        let minor: u32 = read(disk, l.disk_first_minor);
+        let disk: u64 = M::read(bio, l.bio_bi_disk);
+        let partno: u8 = M::read(bio, l.bio_bi_partno);
+        let major: u32 = M::read(disk, l.disk_major);
+        let minor: u32 = M::read(disk, l.disk_first_minor);
         mkdev(major, minor + partno as u32)
     } else {
-        let bdev: u64 = read(bio, l.bio_bi_bdev);
-        read(bdev, l.bdev_bd_dev)
+        let bdev: u64 = M::read(bio, l.bio_bi_bdev);
+        M::read(bdev, l.bdev_bd_dev)
     }
 }
 
-fn rq_disk(l: &KernelLayout, rq: u64) -> u32 {
+fn rq_disk<M: Mem>(l: &KernelLayout, rq: u64) -> u32 {
     let disk: u64 = if l.rq_disk_path == rq_disk_path::RQ_DISK {
-        read(rq, l.rq_rq_disk)
+        M::read(rq, l.rq_rq_disk)
     } else {
-        let q: u64 = read(rq, l.rq_q);
-        read(q, l.queue_disk)
+        let q: u64 = M::read(rq, l.rq_q);
+        M::read(q, l.queue_disk)
     };
     if disk == 0 {
         return 0;
     }
-    mkdev(read(disk, l.disk_major), read(disk, l.disk_first_minor))
+    mkdev(M::read(disk, l.disk_major), M::read(disk, l.disk_first_minor))
 }
 
 fn is_traced(dev: u32) -> bool {
-    // SAFETY: read-only presence check.
-    unsafe { DEVICES.get(&dev) }.is_some()
+    // SAFETY: a plain read of our own global; then a read-only presence check.
+    unsafe { read_volatile(&SETTINGS).all_devices != 0 || DEVICES.get(&dev).is_some() }
 }
 
-fn on_bio_queue(bio: u64) {
+fn on_bio_queue<M: Mem>(bio: u64) {
+    let key = M::key(bio);
     let l = layout();
-    let dev = bio_dev(&l, bio);
+    let dev = bio_dev::<M>(&l, bio);
     if !is_traced(dev) {
         return;
     }
     let mut state = BioState {
         queued_ns: unsafe { bpf_ktime_get_ns() },
-        sector: read(bio, l.bio_bi_sector),
+        sector: M::read(bio, l.bio_bi_sector),
         dev,
         pid: bpf_get_current_pid_tgid() as u32,
-        opf: read(bio, l.bio_bi_opf),
-        bytes: read(bio, l.bio_bi_size),
+        opf: M::read(bio, l.bio_bi_opf),
+        bytes: M::read(bio, l.bio_bi_size),
         comm: bpf_get_current_comm().unwrap_or_default(),
         ..BioState::default()
     };
     if stacking() {
         // SAFETY: copy out of a map value.
-        if let Some(parent) = unsafe { LINKS.get(&bio) }.copied() {
+        if let Some(parent) = unsafe { LINKS.get(&key) }.copied() {
             state.parent = parent;
-            let _ = LINKS.remove(&bio);
+            let _ = LINKS.remove(&key);
         }
     }
-    if BIOS.insert(&bio, &state, 0).is_err() {
+    if !slot_put(&BIOS, limits::BIO_SLOTS, key, &state) {
         count_lost(lost::BIO_MAP_FULL);
     }
 }
 
-fn on_getrq(bio: u64) {
-    if let Some(state) = BIOS.get_ptr_mut(&bio) {
+fn on_getrq<M: Mem>(bio: u64) {
+    if let Some(state) = slot_get(&BIOS, limits::BIO_SLOTS, M::key(bio)) {
         // SAFETY: map value pointer from a successful lookup.
         unsafe { (*state).getrq_ns = bpf_ktime_get_ns() };
     }
 }
 
-fn on_split(bio: u64) {
+fn on_split<M: Mem>(bio: u64) {
     // The split-off front part is chained to its parent: `bi_private` points at the parent bio.
     let l = layout();
-    let parent: u64 = read(bio, l.bio_bi_private);
+    let parent = M::key(M::read(bio, l.bio_bi_private));
     // SAFETY: copy out of a map value.
-    let Some(mut state) = (unsafe { BIOS.get(&parent) }).copied() else {
+    let Some(mut state) = slot_find(&BIOS, limits::BIO_SLOTS, parent).map(|s| unsafe { (*s).value }) else {
         return;
     };
     state.flags |= flag::SPLIT;
-    if BIOS.insert(&bio, &state, 0).is_err() {
+    if !slot_put(&BIOS, limits::BIO_SLOTS, M::key(bio), &state) {
         count_lost(lost::BIO_MAP_FULL);
     }
 }
 
-fn on_bio_merge(bio: u64) {
+fn on_bio_merge<M: Mem>(bio: u64) {
     // SAFETY: copy out of a map value.
-    let Some(state) = (unsafe { BIOS.get(&bio) }).copied() else {
+    let Some(state) = slot_take(&BIOS, limits::BIO_SLOTS, M::key(bio)) else {
         return;
     };
-    let _ = BIOS.remove(&bio);
     let l = layout();
     let Some(mut entry) = EVENTS.reserve::<IoRecord>(0) else {
         count_lost(lost::RINGBUF_FULL);
@@ -206,9 +326,9 @@ fn on_bio_merge(bio: u64) {
         kind: kind::MERGE,
         flags: state.flags,
         dev: state.dev,
-        cmd_flags: read(bio, l.bio_bi_opf),
-        bytes: read(bio, l.bio_bi_size),
-        sector: read(bio, l.bio_bi_sector),
+        cmd_flags: M::read(bio, l.bio_bi_opf),
+        bytes: M::read(bio, l.bio_bi_size),
+        sector: M::read(bio, l.bio_bi_sector),
         pid: state.pid,
         comm: state.comm,
         ..IoRecord::default()
@@ -216,27 +336,18 @@ fn on_bio_merge(bio: u64) {
     rec.ts[event::Q] = state.queued_ns;
     rec.ts[event::M] = unsafe { bpf_ktime_get_ns() };
     entry.write(rec);
-    entry.submit(0);
+    entry.submit(commit_flags());
 }
 
-/// The request's state, created from its first bio's Q/G on first sight (I or D).
-fn request_state(rq: u64) -> Option<*mut RequestState> {
-    if let Some(state) = REQUESTS.get_ptr_mut(&rq) {
-        return Some(state);
-    }
-    let l = layout();
-    let disk = rq_disk(&l, rq);
-    if !is_traced(disk) {
-        return None;
-    }
+/// A request's state on first sight (I or D), taking its first bio's Q and G.
+fn new_request_state<M: Mem>(l: &KernelLayout, rq: u64, disk: u32) -> RequestState {
     let mut state = RequestState::default();
     state.record.kind = kind::REQUEST;
     state.record.disk = disk;
-    state.record.id = rq;
-    let bio: u64 = read(rq, l.rq_bio);
+    state.record.id = M::key(rq);
+    let bio = M::key(M::read(rq, l.rq_bio));
     // SAFETY: copy out of a map value.
-    if let Some(b) = (unsafe { BIOS.get(&bio) }).copied() {
-        let _ = BIOS.remove(&bio);
+    if let Some(b) = slot_take(&BIOS, limits::BIO_SLOTS, bio) {
         state.record.ts[event::Q] = b.queued_ns;
         state.record.ts[event::G] = b.getrq_ns;
         state.record.dev = b.dev;
@@ -248,23 +359,16 @@ fn request_state(rq: u64) -> Option<*mut RequestState> {
     if stacking() {
         // A clone request of request-based dm (multipath): linked at its remap.
         // SAFETY: copy out of a map value.
-        if let Some(parent) = unsafe { LINKS.get(&rq) }.copied() {
+        if let Some(parent) = unsafe { LINKS.get(&state.record.id) }.copied() {
             state.record.parent = parent;
-            let _ = LINKS.remove(&rq);
+            let _ = LINKS.remove(&state.record.id);
         }
     }
-    if REQUESTS.insert(&rq, &state, 0).is_err() {
-        count_lost(lost::REQUEST_MAP_FULL);
-        return None;
-    }
-    REQUESTS.get_ptr_mut(&rq)
+    state
 }
 
-/// Adds `delta` to the disk's in-flight count and returns the new count (0 if untraced).
-fn add_in_flight(disk: u32, delta: i32) -> u32 {
-    let Some(dev) = DEVICES.get_ptr_mut(&disk) else {
-        return 0;
-    };
+/// Adds `delta` to a disk's in-flight count and returns the new count.
+fn add_in_flight_at(dev: *mut DeviceState, delta: i32) -> u32 {
     // SAFETY: map value pointer; CPUs issue concurrently, hence the atomic add. SeqCst, because
     // LLVM 22's BPF backend lowers a Relaxed add to a non-fetching add and the old value is lost.
     let old = unsafe {
@@ -273,32 +377,78 @@ fn add_in_flight(disk: u32, delta: i32) -> u32 {
     old.wrapping_add(delta as u32)
 }
 
-fn on_rq_insert(rq: u64) {
-    if let Some(state) = request_state(rq) {
-        unsafe { (*state).record.ts[event::I] = bpf_ktime_get_ns() };
+/// Adds `delta` to the disk's in-flight count and returns the new count (0 if untraced).
+fn add_in_flight(disk: u32, delta: i32) -> u32 {
+    match DEVICES.get_ptr_mut(&disk) {
+        Some(dev) => add_in_flight_at(dev, delta),
+        None => 0,
     }
 }
 
-fn on_rq_issue(rq: u64) {
-    let Some(state) = request_state(rq) else {
+fn on_rq_insert<M: Mem>(rq: u64) {
+    let now = unsafe { bpf_ktime_get_ns() };
+    if let Some(state) = slot_get(&REQUESTS, limits::REQUEST_SLOTS, M::key(rq)) {
+        // SAFETY: map value pointer from a successful lookup.
+        unsafe { (*state).record.ts[event::I] = now };
         return;
-    };
+    }
     let l = layout();
-    // SAFETY: map value pointer from a successful lookup.
-    let state = unsafe { &mut *state };
-    let rec = &mut state.record;
-    rec.ts[event::D] = unsafe { bpf_ktime_get_ns() };
-    rec.cmd_flags = read(rq, l.rq_cmd_flags);
-    rec.bytes = read(rq, l.rq_data_len);
-    rec.sector = read(rq, l.rq_sector);
-    if state.issued == 0 {
-        rec.queue_depth = add_in_flight(rec.disk, 1);
+    let disk = rq_disk::<M>(&l, rq);
+    if !is_traced(disk) {
+        return;
+    }
+    let mut state = new_request_state::<M>(&l, rq, disk);
+    state.record.ts[event::I] = now;
+    if !slot_put(&REQUESTS, limits::REQUEST_SLOTS, state.record.id, &state) {
+        count_lost(lost::REQUEST_MAP_FULL);
+    }
+}
+
+/// The request goes to the driver: the size, position and op it is issued with.
+fn fill_issue<M: Mem>(l: &KernelLayout, rq: u64, rec: &mut IoRecord) {
+    rec.cmd_flags = M::read(rq, l.rq_cmd_flags);
+    rec.bytes = M::read(rq, l.rq_data_len);
+    rec.sector = M::read(rq, l.rq_sector);
+}
+
+fn on_rq_issue<M: Mem>(rq: u64) {
+    let now = unsafe { bpf_ktime_get_ns() };
+    let l = layout();
+    if let Some(state) = slot_get(&REQUESTS, limits::REQUEST_SLOTS, M::key(rq)) {
+        // SAFETY: map value pointer from a successful lookup.
+        let state = unsafe { &mut *state };
+        state.record.ts[event::D] = now;
+        fill_issue::<M>(&l, rq, &mut state.record);
+        if state.issued == 0 {
+            state.record.queue_depth = add_in_flight(state.record.disk, 1);
+            state.issued = 1;
+        }
+        return;
+    }
+    // First sight at D (direct dispatch): one device lookup serves the filter and the depth.
+    let disk = rq_disk::<M>(&l, rq);
+    // (Tracing every device, a disk the daemon has not registered yet is traced without depth.)
+    let dev = DEVICES.get_ptr_mut(&disk);
+    if dev.is_none() && !is_traced(disk) {
+        return;
+    }
+    let mut state = new_request_state::<M>(&l, rq, disk);
+    state.record.ts[event::D] = now;
+    fill_issue::<M>(&l, rq, &mut state.record);
+    if let Some(dev) = dev {
+        state.record.queue_depth = add_in_flight_at(dev, 1);
         state.issued = 1;
+    }
+    if !slot_put(&REQUESTS, limits::REQUEST_SLOTS, state.record.id, &state) {
+        if let Some(dev) = dev {
+            add_in_flight_at(dev, -1);
+        }
+        count_lost(lost::REQUEST_MAP_FULL);
     }
 }
 
 fn on_rq_requeue(rq: u64) {
-    let Some(state) = REQUESTS.get_ptr_mut(&rq) else {
+    let Some(state) = slot_get(&REQUESTS, limits::REQUEST_SLOTS, scalar(rq)) else {
         return;
     };
     // SAFETY: map value pointer from a successful lookup.
@@ -311,21 +461,21 @@ fn on_rq_requeue(rq: u64) {
     state.record.flags |= flag::REQUEUED;
 }
 
-fn on_rq_complete(rq: u64, error: u32, nr_bytes: u32) {
+fn on_rq_complete<M: Mem>(rq: u64, error: u32, nr_bytes: u32) {
     let l = layout();
-    let Some(state) = REQUESTS.get_ptr_mut(&rq) else {
-        if is_traced(rq_disk(&l, rq)) {
+    let Some(slot) = slot_find(&REQUESTS, limits::REQUEST_SLOTS, M::key(rq)) else {
+        if is_traced(rq_disk::<M>(&l, rq)) {
             count_lost(lost::COMPLETE_WITHOUT_START);
         }
         return;
     };
     // A partial completion leaves bytes behind: the request is done when none remain.
-    let remaining: u32 = read(rq, l.rq_data_len);
+    let remaining: u32 = M::read(rq, l.rq_data_len);
     if nr_bytes < remaining {
         return;
     }
-    // SAFETY: map value pointer from a successful lookup.
-    let state = unsafe { &mut *state };
+    // SAFETY: array value pointer from a successful lookup.
+    let state = unsafe { &mut (*slot).value };
     if state.issued != 0 {
         add_in_flight(state.record.disk, -1);
     }
@@ -335,16 +485,18 @@ fn on_rq_complete(rq: u64, error: u32, nr_bytes: u32) {
             rec.ts[event::C] = unsafe { bpf_ktime_get_ns() };
             rec.error = error;
             entry.write(rec);
-            entry.submit(0);
+            entry.submit(commit_flags());
         }
         None => count_lost(lost::RINGBUF_FULL),
     }
-    let _ = REQUESTS.remove(&rq);
+    // SAFETY: as above; frees the slot.
+    unsafe { (*slot).key = 0 };
 }
 
 /// A stacked device (dm, md) sent `lower` down; `upper_dev` is its own device. The upper bio is
 /// the one this task is submitting (known from the submit-path kprobes).
 fn on_bio_remap(lower: u64, upper_dev: u32) {
+    let lower = scalar(lower);
     // SAFETY: copy out of a map value.
     let Some(sub) = (unsafe { SUBMITTING.get(&thread_id()) }).copied() else {
         return;
@@ -365,13 +517,13 @@ fn on_rq_remap(lower: u64, upper_dev: u32) {
 }
 
 /// Entry of request-based dm's queue_rq: the upper request it dispatches.
-fn on_queue_rq_enter(queue_data: u64) {
+fn on_queue_rq_enter<M: Mem>(queue_data: u64) {
     let l = layout();
-    let rq: u64 = read(queue_data, l.queue_data_rq);
+    let rq: u64 = M::read(queue_data, l.queue_data_rq);
     let sub = SubmitState {
         bio: rq,
         entered_ns: unsafe { bpf_ktime_get_ns() },
-        dev: rq_disk(&l, rq),
+        dev: rq_disk::<M>(&l, rq),
         ..SubmitState::default()
     };
     let _ = SUBMITTING.insert(&thread_id(), &sub, 0);
@@ -385,7 +537,7 @@ fn on_queue_rq_exit() {
         return;
     };
     let _ = SUBMITTING.remove(&tid);
-    if let Some(state) = REQUESTS.get_ptr_mut(&sub.bio) {
+    if let Some(state) = slot_get(&REQUESTS, limits::REQUEST_SLOTS, sub.bio) {
         // SAFETY: map value pointer from a successful lookup.
         unsafe { (*state).record.submit_ns += bpf_ktime_get_ns() - sub.entered_ns };
     }
@@ -393,18 +545,18 @@ fn on_queue_rq_exit() {
 
 /// A bio is done. Bios that became requests left `BIOS` at I/D; what is left here is IO of a
 /// bio-based device (md, dm, brd) or a bio that never became a request.
-fn on_bio_complete(bio: u64) {
+fn on_bio_complete<M: Mem>(bio: u64) {
+    let key = M::key(bio);
     // SAFETY: copy out of a map value.
-    let Some(b) = (unsafe { BIOS.get(&bio) }).copied() else {
+    let Some(b) = slot_take(&BIOS, limits::BIO_SLOTS, key) else {
         return;
     };
-    let _ = BIOS.remove(&bio);
     let l = layout();
     let Some(mut entry) = EVENTS.reserve::<IoRecord>(0) else {
         count_lost(lost::RINGBUF_FULL);
         return;
     };
-    let status: u8 = read(bio, l.bio_bi_status);
+    let status: u8 = M::read(bio, l.bio_bi_status);
     let mut rec = IoRecord {
         kind: kind::BIO,
         flags: b.flags,
@@ -415,7 +567,7 @@ fn on_bio_complete(bio: u64) {
         pid: b.pid,
         comm: b.comm,
         error: status as u32,
-        id: bio,
+        id: key,
         parent: b.parent,
         submit_ns: b.submit_ns,
         personality_ns: b.personality_ns,
@@ -424,16 +576,16 @@ fn on_bio_complete(bio: u64) {
     rec.ts[event::Q] = b.queued_ns;
     rec.ts[event::C] = unsafe { bpf_ktime_get_ns() };
     entry.write(rec);
-    entry.submit(0);
+    entry.submit(commit_flags());
 }
 
 /// Entry of a stacked device's submit function (`md_submit_bio`, `dm_submit_bio`).
-fn on_submit_enter(bio: u64) {
+fn on_submit_enter<M: Mem>(bio: u64) {
     let l = layout();
     let sub = SubmitState {
         bio,
         entered_ns: unsafe { bpf_ktime_get_ns() },
-        dev: bio_dev(&l, bio),
+        dev: bio_dev::<M>(&l, bio),
         ..SubmitState::default()
     };
     // A full map only loses the submit time and the link, both visible as absent in the record.
@@ -449,7 +601,7 @@ fn on_submit_exit() {
         return;
     };
     let _ = SUBMITTING.remove(&tid);
-    if let Some(b) = BIOS.get_ptr_mut(&sub.bio) {
+    if let Some(b) = slot_get(&BIOS, limits::BIO_SLOTS, sub.bio) {
         // SAFETY: map value pointer from a successful lookup.
         unsafe { (*b).submit_ns += bpf_ktime_get_ns() - sub.entered_ns };
     }
@@ -470,7 +622,7 @@ fn on_personality_exit() {
     if sub.personality_entered_ns == 0 {
         return;
     }
-    if let Some(b) = BIOS.get_ptr_mut(&sub.bio) {
+    if let Some(b) = slot_get(&BIOS, limits::BIO_SLOTS, sub.bio) {
         // SAFETY: map value pointer from a successful lookup.
         unsafe { (*b).personality_ns += bpf_ktime_get_ns() - sub.personality_entered_ns };
     }
@@ -481,12 +633,16 @@ macro_rules! hook {
     ($tp:literal, $btf_name:ident, $raw_name:ident, $n:literal, |$ctx:ident| $body:expr) => {
         #[btf_tracepoint(function = $tp)]
         pub fn $btf_name(c: BtfTracePointContext) -> i32 {
+            #[allow(dead_code)]
+            type M = Direct;
             let $ctx = c.as_ptr();
             $body;
             0
         }
         #[raw_tracepoint(tracepoint = $tp)]
         pub fn $raw_name(c: RawTracePointContext) -> i32 {
+            #[allow(dead_code)]
+            type M = Probe;
             let $ctx = c.as_ptr();
             $body;
             0
@@ -495,25 +651,25 @@ macro_rules! hook {
 }
 
 // Since 5.11 the pointer is the first argument; before, a `request_queue *` came first.
-hook!("block_bio_queue", btf_bio_queue_a0, raw_bio_queue_a0, 0, |c| on_bio_queue(arg::<0>(c)));
-hook!("block_bio_queue", btf_bio_queue_a1, raw_bio_queue_a1, 1, |c| on_bio_queue(arg::<1>(c)));
-hook!("block_getrq", btf_getrq_a0, raw_getrq_a0, 0, |c| on_getrq(arg::<0>(c)));
-hook!("block_getrq", btf_getrq_a1, raw_getrq_a1, 1, |c| on_getrq(arg::<1>(c)));
-hook!("block_split", btf_split_a0, raw_split_a0, 0, |c| on_split(arg::<0>(c)));
-hook!("block_split", btf_split_a1, raw_split_a1, 1, |c| on_split(arg::<1>(c)));
+hook!("block_bio_queue", btf_bio_queue_a0, raw_bio_queue_a0, 0, |c| on_bio_queue::<M>(arg::<0>(c)));
+hook!("block_bio_queue", btf_bio_queue_a1, raw_bio_queue_a1, 1, |c| on_bio_queue::<M>(arg::<1>(c)));
+hook!("block_getrq", btf_getrq_a0, raw_getrq_a0, 0, |c| on_getrq::<M>(arg::<0>(c)));
+hook!("block_getrq", btf_getrq_a1, raw_getrq_a1, 1, |c| on_getrq::<M>(arg::<1>(c)));
+hook!("block_split", btf_split_a0, raw_split_a0, 0, |c| on_split::<M>(arg::<0>(c)));
+hook!("block_split", btf_split_a1, raw_split_a1, 1, |c| on_split::<M>(arg::<1>(c)));
 // Before 5.11 merges were (q, rq, bio).
-hook!("block_bio_backmerge", btf_backmerge_a0, raw_backmerge_a0, 0, |c| on_bio_merge(arg::<0>(c)));
-hook!("block_bio_backmerge", btf_backmerge_a2, raw_backmerge_a2, 2, |c| on_bio_merge(arg::<2>(c)));
-hook!("block_bio_frontmerge", btf_frontmerge_a0, raw_frontmerge_a0, 0, |c| on_bio_merge(arg::<0>(c)));
-hook!("block_bio_frontmerge", btf_frontmerge_a2, raw_frontmerge_a2, 2, |c| on_bio_merge(arg::<2>(c)));
-hook!("block_rq_insert", btf_rq_insert_a0, raw_rq_insert_a0, 0, |c| on_rq_insert(arg::<0>(c)));
-hook!("block_rq_insert", btf_rq_insert_a1, raw_rq_insert_a1, 1, |c| on_rq_insert(arg::<1>(c)));
-hook!("block_rq_issue", btf_rq_issue_a0, raw_rq_issue_a0, 0, |c| on_rq_issue(arg::<0>(c)));
-hook!("block_rq_issue", btf_rq_issue_a1, raw_rq_issue_a1, 1, |c| on_rq_issue(arg::<1>(c)));
+hook!("block_bio_backmerge", btf_backmerge_a0, raw_backmerge_a0, 0, |c| on_bio_merge::<M>(arg::<0>(c)));
+hook!("block_bio_backmerge", btf_backmerge_a2, raw_backmerge_a2, 2, |c| on_bio_merge::<M>(arg::<2>(c)));
+hook!("block_bio_frontmerge", btf_frontmerge_a0, raw_frontmerge_a0, 0, |c| on_bio_merge::<M>(arg::<0>(c)));
+hook!("block_bio_frontmerge", btf_frontmerge_a2, raw_frontmerge_a2, 2, |c| on_bio_merge::<M>(arg::<2>(c)));
+hook!("block_rq_insert", btf_rq_insert_a0, raw_rq_insert_a0, 0, |c| on_rq_insert::<M>(arg::<0>(c)));
+hook!("block_rq_insert", btf_rq_insert_a1, raw_rq_insert_a1, 1, |c| on_rq_insert::<M>(arg::<1>(c)));
+hook!("block_rq_issue", btf_rq_issue_a0, raw_rq_issue_a0, 0, |c| on_rq_issue::<M>(arg::<0>(c)));
+hook!("block_rq_issue", btf_rq_issue_a1, raw_rq_issue_a1, 1, |c| on_rq_issue::<M>(arg::<1>(c)));
 hook!("block_rq_requeue", btf_rq_requeue_a0, raw_rq_requeue_a0, 0, |c| on_rq_requeue(arg::<0>(c)));
 hook!("block_rq_requeue", btf_rq_requeue_a1, raw_rq_requeue_a1, 1, |c| on_rq_requeue(arg::<1>(c)));
 // (rq, error, nr_bytes) on every kernel tracerd supports.
-hook!("block_rq_complete", btf_rq_complete_a0, raw_rq_complete_a0, 0, |c| on_rq_complete(
+hook!("block_rq_complete", btf_rq_complete_a0, raw_rq_complete_a0, 0, |c| on_rq_complete::<M>(
     arg::<0>(c),
     arg::<1>(c) as u32,
     arg::<2>(c) as u32
@@ -536,13 +692,15 @@ hook!("block_rq_remap", btf_rq_remap_a1, raw_rq_remap_a1, 1, |c| on_rq_remap(
     arg::<2>(c) as u32
 ));
 // (request_queue *, bio *) on every kernel tracerd supports.
-hook!("block_bio_complete", btf_bio_complete_a1, raw_bio_complete_a1, 1, |c| on_bio_complete(arg::<1>(c)));
+hook!("block_bio_complete", btf_bio_complete_a1, raw_bio_complete_a1, 1, |c| on_bio_complete::<M>(arg::<1>(
+    c
+)));
 
 // Submit paths of stacked devices (module functions: kprobes, attached by name).
 #[kprobe]
 pub fn kp_submit_bio(ctx: ProbeContext) -> u32 {
     if let Some(bio) = ctx.arg::<u64>(0) {
-        on_submit_enter(bio);
+        on_submit_enter::<Probe>(bio);
     }
     0
 }
@@ -556,7 +714,7 @@ pub fn kr_submit_bio(_ctx: RetProbeContext) -> u32 {
 #[kprobe]
 pub fn kp_queue_rq(ctx: ProbeContext) -> u32 {
     if let Some(queue_data) = ctx.arg::<u64>(1) {
-        on_queue_rq_enter(queue_data);
+        on_queue_rq_enter::<Probe>(queue_data);
     }
     0
 }

@@ -28,7 +28,11 @@ fn main() {
 }
 
 fn split(trace: TraceArgs) -> (Selection, LoadOptions) {
-    (Selection { names: trace.devices }, LoadOptions { ring_buffer_bytes: trace.ring_buffer_bytes })
+    let all_devices = trace.devices.is_empty();
+    (
+        Selection { names: trace.devices },
+        LoadOptions { ring_buffer_bytes: trace.ring_buffer_bytes, all_devices },
+    )
 }
 
 async fn dispatch(command: Command) -> Result<()> {

@@ -26,6 +26,9 @@ pub struct Io<'a> {
     pub layers: &'a [LayerSplit],
 }
 
+/// How often the ring buffer is drained when the kernel has not woken us.
+const POLL_INTERVAL: Duration = Duration::from_millis(20);
+
 /// In-flight entries older than this are taken as missed completions.
 pub const STALE_AFTER: Duration = Duration::from_secs(120);
 
@@ -100,17 +103,26 @@ impl Session {
     }
 
     /// Waits until records are ready, then hands each to `f` with its traced device.
+    /// The kernel commits records without waking us (a wakeup per IO costs an IPI), so this
+    /// also returns every POLL_INTERVAL to drain what accumulated; a reader far behind is
+    /// woken at once.
     pub async fn read(&mut self, f: impl FnMut(&Io, &Topology)) -> Result<()> {
-        let mut guard = self.events.readable_mut().await?;
         let mut reader = Reader {
             resolved: &self.resolved,
             topo: &self.topo,
             layers: &mut self.layers,
             decode_errors: &mut self.own_lost.decode_error,
         };
-        let n = reader.drain(guard.get_inner_mut(), f);
+        let n = match tokio::time::timeout(POLL_INTERVAL, self.events.readable_mut()).await {
+            Ok(guard) => {
+                let mut guard = guard?;
+                let n = reader.drain(guard.get_inner_mut(), f);
+                guard.clear_ready();
+                n
+            }
+            Err(_) => reader.drain(self.events.get_mut(), f),
+        };
         self.records += n;
-        guard.clear_ready();
         Ok(())
     }
 

@@ -6,9 +6,9 @@ use std::{collections::HashSet, time::Duration};
 use anyhow::{Context, Result, bail};
 use aya::{
     Btf as AyaBtf, Ebpf, EbpfLoader,
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
 };
-use tracer_common::{BioState, DeviceState, RequestState, Settings, lost, names};
+use tracer_common::{BioState, DeviceState, RequestState, Settings, Slot, limits, lost, names};
 
 use crate::{
     btf::{Btf, VMLINUX},
@@ -24,6 +24,8 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("TRACERD_EBPF_OBJECT"));
 pub struct LoadOptions {
     /// Ring buffer size in bytes (power of two); None keeps the built-in size.
     pub ring_buffer_bytes: Option<u32>,
+    /// Every block device is traced (no --device): the kernel skips its device filter.
+    pub all_devices: bool,
 }
 
 pub struct Tracer {
@@ -96,7 +98,13 @@ impl Tracer {
         let layout = layout::resolve(&btf)?;
         let ops = OpDecoder::from_btf(&btf)?;
         let aya_btf = AyaBtf::from_sys_fs().ok();
-        let settings = Settings { stacking: kprobes_available() as u32, _pad: 0 };
+        let ring_bytes = opts.ring_buffer_bytes.unwrap_or(limits::RINGBUF_BYTES);
+        let settings = Settings {
+            stacking: kprobes_available() as u32,
+            wakeup_bytes: ring_bytes / 4,
+            all_devices: opts.all_devices as u32,
+            _pad: 0,
+        };
         let mut loader = EbpfLoader::new();
         loader.btf(aya_btf.as_ref()).override_global(names::LAYOUT, &layout, true).override_global(
             names::SETTINGS,
@@ -202,26 +210,27 @@ impl Tracer {
     /// Returns (bios, requests) removed.
     pub fn sweep_stale(&mut self, max_age: Duration) -> Result<(u64, u64)> {
         let cutoff = monotonic_ns().saturating_sub(max_age.as_nanos() as u64);
-        let mut bios: BpfHashMap<_, u64, BioState> =
-            BpfHashMap::try_from(self.ebpf.map_mut(names::BIOS).context("BIOS map")?)?;
-        let old: Vec<u64> = bios
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(_, s)| s.queued_ns < cutoff)
-            .map(|(k, _)| k)
-            .collect();
-        let stale_bios = old.iter().filter(|k| bios.remove(k).is_ok()).count() as u64;
-        let mut requests: BpfHashMap<_, u64, RequestState> =
-            BpfHashMap::try_from(self.ebpf.map_mut(names::REQUESTS).context("REQUESTS map")?)?;
-        let old: Vec<u64> = requests
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(_, s)| s.record.ts.iter().copied().filter(|&t| t != 0).max().unwrap_or(0) < cutoff)
-            .map(|(k, _)| k)
-            .collect();
-        let stale_requests = old.iter().filter(|k| requests.remove(k).is_ok()).count() as u64;
+        let stale_bios = sweep::<BioState>(&mut self.ebpf, names::BIOS, |s| s.queued_ns < cutoff)?;
+        let stale_requests = sweep::<RequestState>(&mut self.ebpf, names::REQUESTS, |s| {
+            s.record.ts.iter().copied().max().unwrap_or(0) < cutoff
+        })?;
         Ok((stale_bios, stale_requests))
     }
+}
+
+/// Frees the busy slots of a slot table whose value is `stale`; returns how many.
+fn sweep<V: aya::Pod + Default>(ebpf: &mut Ebpf, name: &str, stale: impl Fn(&V) -> bool) -> Result<u64> {
+    let mut table: Array<_, Slot<V>> =
+        Array::try_from(ebpf.map_mut(name).with_context(|| format!("{name} map"))?)?;
+    let mut freed = 0;
+    for i in 0..table.len() {
+        let slot = table.get(&i, 0)?;
+        if slot.key != 0 && stale(&slot.value) {
+            table.set(i, Slot::<V>::default(), 0)?;
+            freed += 1;
+        }
+    }
+    Ok(freed)
 }
 
 fn log_status(s: &HookStatus) {

@@ -7,6 +7,7 @@
 //! - `test`        build, then unit tests and the real-kernel integration tests
 //! - `vm-test`     build static binaries, boot a Debian 6.1 kernel under qemu with md/dm/brd/null_blk
 
+mod bench;
 mod cpio;
 mod setup;
 mod vm;
@@ -50,6 +51,18 @@ enum Cmd {
         #[arg(long)]
         unit_only: bool,
     },
+    /// Measure tracing overhead against no tracer, biolatency and bpftrace (root).
+    Bench {
+        /// Seconds per fio run.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// Rounds of interleaved variants (medians are reported).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Seconds of the saturated soak (lost events, RSS over time).
+        #[arg(long, default_value_t = 60)]
+        soak_seconds: u64,
+    },
     /// Boot a Debian 6.1 kernel under qemu (md, dm, brd, null_blk, kprobes) and run tracerd there.
     VmTest,
 }
@@ -80,6 +93,9 @@ fn real_main() -> Result<()> {
             run(Command::new(tracerd_bin()).args(&args), "tracerd")
         }
         Cmd::Test { unit_only } => test(unit_only),
+        Cmd::Bench { seconds, rounds, soak_seconds } => {
+            bench::bench(bench::Options { seconds, rounds, soak_seconds })
+        }
         Cmd::VmTest => {
             let mut tally = Tally::default();
             vm_tests(&mut tally)?;

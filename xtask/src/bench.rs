@@ -1,0 +1,610 @@
+//! `cargo xtask bench`: what tracing costs, measured against no tracer and against the
+//! reference tools in the same run. Variants are interleaved (A B C ... A B C ...) over several
+//! rounds so that drift on a shared machine hits all of them alike; medians are reported.
+//!
+//! Workload: fio 4 KiB random reads (libaio, O_DIRECT) on a loop device backed by /dev/shm, at
+//! saturation (queue depth 32), at queue depth 1, and at 25 % and 50 % of the untraced
+//! saturation rate. Per run: IOPS, machine CPU per IO (/proc/stat), in-kernel cost of the
+//! tracer's BPF programs per IO (kernel.bpf_stats_enabled run time / IOs), and for tracerd its
+//! own CPU, peak RSS and lost events. Raw figures go to target/bench/bench.json.
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{root_dir, run, setup, tracerd_bin};
+
+const BPFTRACE_SCRIPT: &str = "tracepoint:block:block_rq_issue { @start[args->dev, args->sector] = nsecs; }
+tracepoint:block:block_rq_complete /@start[args->dev, args->sector]/ {
+  @usecs = hist((nsecs - @start[args->dev, args->sector]) / 1000);
+  delete(@start[args->dev, args->sector]);
+}";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Variant {
+    None,
+    TracerdRun,
+    TracerdSnoop,
+    Biolatency,
+    Bpftrace,
+}
+
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Variant::None => "no tracer",
+            Variant::TracerdRun => "tracerd run",
+            Variant::TracerdSnoop => "tracerd snoop",
+            Variant::Biolatency => "biolatency",
+            Variant::Bpftrace => "bpftrace",
+        }
+    }
+}
+
+const ALL: [Variant; 5] =
+    [Variant::None, Variant::TracerdRun, Variant::TracerdSnoop, Variant::Biolatency, Variant::Bpftrace];
+
+#[derive(Clone, Debug)]
+struct Workload {
+    name: String,
+    iodepth: u32,
+    rate_iops: Option<u64>,
+}
+
+/// One fio run under one variant.
+#[derive(Clone, Debug, Default)]
+struct Sample {
+    iops: f64,
+    ios: u64,
+    cpu_ns_per_io: f64,
+    bpf_ns_per_io: Option<f64>,
+    bpf_programs: usize,
+    tracer_cpu_ns_per_io: Option<f64>,
+    tracer_rss_kib: Option<u64>,
+    lost: Option<u64>,
+}
+
+pub struct Options {
+    pub seconds: u64,
+    pub rounds: usize,
+    pub soak_seconds: u64,
+}
+
+/// Undoes what the benchmark changed on the machine, also on error.
+struct Cleanup {
+    loop_dev: Option<String>,
+    backing: PathBuf,
+    bpf_stats_before: Option<String>,
+    unmount_tracefs: bool,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if let Some(dev) = &self.loop_dev {
+            let _ = Command::new("losetup").args(["-d", dev]).status();
+        }
+        let _ = fs::remove_file(&self.backing);
+        if let Some(v) = &self.bpf_stats_before {
+            let _ = fs::write("/proc/sys/kernel/bpf_stats_enabled", v);
+        }
+        if self.unmount_tracefs {
+            let _ = Command::new("umount").arg("/sys/kernel/tracing").status();
+        }
+    }
+}
+
+fn output(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("cannot run {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Busy CPU time of the whole machine, in clock ticks.
+fn machine_busy_ticks() -> u64 {
+    let stat = fs::read_to_string("/proc/stat").unwrap_or_default();
+    let cpu = stat.lines().next().unwrap_or_default();
+    // user nice system idle iowait irq softirq steal
+    let f: Vec<u64> = cpu.split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
+    [0, 1, 2, 5, 6, 7].iter().filter_map(|&i| f.get(i)).sum()
+}
+
+/// utime + stime of a process, in clock ticks.
+fn process_ticks(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix(field)).and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
+/// (id, name, run_time_ns, run_cnt) of every loaded BPF program.
+fn bpf_programs() -> Result<Vec<(u64, String, u64, u64)>> {
+    let json = output(Command::new("bpftool").args(["prog", "show", "--json"]))?;
+    let mut out = Vec::new();
+    // Small hand parse of bpftool's JSON array of flat objects, to keep xtask light.
+    for obj in json.split("},{") {
+        let field = |key: &str| -> Option<&str> {
+            let at = obj.find(&format!("\"{key}\""))? + key.len() + 2;
+            let rest = obj[at..].trim_start().strip_prefix(':')?.trim_start();
+            let end = rest.find([',', '}']).unwrap_or(rest.len());
+            Some(rest[..end].trim_matches('"'))
+        };
+        let id = field("id").and_then(|v| v.parse().ok());
+        let name = field("name").unwrap_or("").to_owned();
+        let rt = field("run_time_ns").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let rc = field("run_cnt").and_then(|v| v.parse().ok()).unwrap_or(0);
+        if let Some(id) = id {
+            out.push((id, name, rt, rc));
+        }
+    }
+    Ok(out)
+}
+
+fn bpf_runtime(ids: &[u64]) -> Result<u64> {
+    Ok(bpf_programs()?.iter().filter(|p| ids.contains(&p.0)).map(|p| p.2).sum())
+}
+
+/// A running tracer: its process and the BPF programs it loaded.
+struct Tracer {
+    child: Option<Child>,
+    programs: Vec<u64>,
+    metrics: Option<String>,
+    stderr: PathBuf,
+}
+
+fn wait_for(path: &Path, needle: &str, child: &mut Child) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if fs::read_to_string(path).unwrap_or_default().contains(needle) {
+            return Ok(());
+        }
+        if let Some(status) = child.try_wait()? {
+            bail!("tracer exited ({status}): {}", fs::read_to_string(path).unwrap_or_default());
+        }
+        sleep(Duration::from_millis(50));
+    }
+    bail!("tracer never printed '{needle}'")
+}
+
+/// Waits until new BPF programs appear and their number holds for half a second.
+fn wait_for_programs(before: &[u64], child: &mut Child) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = (0, Instant::now());
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait()? {
+            bail!("tracer exited ({status}) before loading its programs");
+        }
+        let n = bpf_programs()?.iter().filter(|p| !before.contains(&p.0)).count();
+        if n != last.0 {
+            last = (n, Instant::now());
+        } else if n > 0 && last.1.elapsed() > Duration::from_millis(500) {
+            return Ok(());
+        }
+        sleep(Duration::from_millis(100));
+    }
+    bail!("tracer loaded no BPF program within 30 s")
+}
+
+impl Tracer {
+    fn start(variant: Variant, port: u16) -> Result<Tracer> {
+        let before: Vec<u64> = bpf_programs()?.iter().map(|p| p.0).collect();
+        let dir = root_dir().join("target/bench");
+        let (out, err) = (dir.join("tracer.out"), dir.join("tracer.err"));
+        let file = |p: &Path| fs::File::create(p).map(Stdio::from);
+        let (mut child, ready_file, ready) = match variant {
+            Variant::None => return Ok(Tracer { child: None, programs: vec![], metrics: None, stderr: err }),
+            Variant::TracerdRun => (
+                Command::new(tracerd_bin())
+                    .args(["run", "--listen", &format!("127.0.0.1:{port}")])
+                    .stdout(file(&out)?)
+                    .stderr(file(&err)?)
+                    .spawn()?,
+                &err,
+                "metrics on",
+            ),
+            Variant::TracerdSnoop => (
+                Command::new(tracerd_bin()).arg("snoop").stdout(Stdio::null()).stderr(file(&err)?).spawn()?,
+                &err,
+                "attached",
+            ),
+            Variant::Biolatency => (
+                Command::new("biolatency").arg("3600").stdout(file(&out)?).stderr(file(&err)?).spawn()?,
+                &out,
+                "",
+            ),
+            Variant::Bpftrace => (
+                Command::new("bpftrace")
+                    .args(["-e", BPFTRACE_SCRIPT])
+                    .stdout(file(&out)?)
+                    .stderr(file(&err)?)
+                    .spawn()?,
+                &out,
+                "",
+            ),
+        };
+        let waited = if ready.is_empty() {
+            // Their stdout is block-buffered into a file: ready once their programs are loaded.
+            wait_for_programs(&before, &mut child)
+        } else {
+            wait_for(ready_file, ready, &mut child)
+        };
+        if let Err(e) = waited {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e);
+        }
+        sleep(Duration::from_millis(500));
+        let programs = bpf_programs()?.iter().map(|p| p.0).filter(|id| !before.contains(id)).collect();
+        let metrics = (variant == Variant::TracerdRun).then(|| format!("127.0.0.1:{port}"));
+        Ok(Tracer { child: Some(child), programs, metrics, stderr: err })
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Lost events so far: from /metrics (run) or the exit warning (snoop).
+    fn lost_from_metrics(&self) -> Option<u64> {
+        let addr = self.metrics.as_ref()?;
+        let body = output(Command::new("curl").args(["-s", &format!("http://{addr}/metrics")])).ok()?;
+        Some(
+            body.lines()
+                .filter(|l| l.starts_with("tracerd_events_lost_total"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>() as u64,
+        )
+    }
+
+    fn stop(&mut self) -> Result<Option<u64>> {
+        let Some(mut child) = self.child.take() else { return Ok(None) };
+        // SIGINT: every tracer prints/cleans up on it.
+        let _ = Command::new("kill").args(["-INT", &child.id().to_string()]).status();
+        let status = child.wait()?;
+        if !status.success() && status.code() != Some(130) {
+            bail!("tracer exited with {status}: {}", fs::read_to_string(&self.stderr).unwrap_or_default());
+        }
+        // tracerd snoop warns "lost events: [...]" on exit when any were lost.
+        let err = fs::read_to_string(&self.stderr).unwrap_or_default();
+        Ok(err.lines().find(|l| l.contains("lost events")).map(|_| 1))
+    }
+}
+
+impl Drop for Tracer {
+    /// A tracer left behind by an error must not keep costing the next measurements.
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn clock_ticks_per_second() -> f64 {
+    output(Command::new("getconf").arg("CLK_TCK")).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(100.0)
+}
+
+fn fio(dev: &str, w: &Workload, seconds: u64) -> Result<(f64, u64)> {
+    let mut cmd = Command::new("fio");
+    cmd.args(["--name=bench", "--rw=randread", "--bs=4k", "--ioengine=libaio", "--direct=1"])
+        .args(["--norandommap", "--randrepeat=0", "--time_based", "--output-format=json"])
+        .arg(format!("--filename={dev}"))
+        .arg(format!("--iodepth={}", w.iodepth))
+        .arg(format!("--runtime={seconds}"));
+    if let Some(rate) = w.rate_iops {
+        cmd.arg(format!("--rate_iops={rate}"));
+    }
+    let json = output(&mut cmd)?;
+    let find = |key: &str| -> Option<f64> {
+        let read = &json[json.find("\"read\"")?..];
+        let at = read.find(&format!("\"{key}\""))? + key.len() + 2;
+        let rest = read[at..].trim_start().strip_prefix(':')?.trim_start();
+        rest[..rest.find([',', '\n'])?].trim().parse().ok()
+    };
+    let iops = find("iops").context("fio JSON without read.iops")?;
+    let ios = find("total_ios").context("fio JSON without read.total_ios")? as u64;
+    Ok((iops, ios))
+}
+
+fn measure(variant: Variant, w: &Workload, dev: &str, seconds: u64, tck: f64) -> Result<Sample> {
+    let tracer = Tracer::start(variant, 9599)?;
+    let pid = tracer.pid();
+    let bpf0 = bpf_runtime(&tracer.programs)?;
+    let busy0 = machine_busy_ticks();
+    let own0 = pid.and_then(process_ticks);
+    let (iops, ios) = fio(dev, w, seconds)?;
+    let busy1 = machine_busy_ticks();
+    let own1 = pid.and_then(process_ticks);
+    let bpf1 = bpf_runtime(&tracer.programs)?;
+    let is_tracerd = matches!(variant, Variant::TracerdRun | Variant::TracerdSnoop);
+    let rss = if is_tracerd { pid.and_then(|p| status_kib(p, "VmHWM:")) } else { None };
+    let lost_run = tracer.lost_from_metrics();
+    let programs = tracer.programs.len();
+    let mut tracer = tracer;
+    let lost_snoop = tracer.stop()?;
+    let per_io = |v: f64| v / ios.max(1) as f64;
+    Ok(Sample {
+        iops,
+        ios,
+        cpu_ns_per_io: per_io((busy1 - busy0) as f64 * 1e9 / tck),
+        bpf_ns_per_io: (variant != Variant::None).then(|| per_io((bpf1 - bpf0) as f64)),
+        bpf_programs: programs,
+        tracer_cpu_ns_per_io: if is_tracerd {
+            own0.zip(own1).map(|(a, b)| per_io((b - a) as f64 * 1e9 / tck))
+        } else {
+            None
+        },
+        tracer_rss_kib: rss,
+        lost: if is_tracerd { Some(lost_run.or(lost_snoop).unwrap_or(0)) } else { None },
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() { f64::NAN } else { v[v.len() / 2] }
+}
+
+type Results = BTreeMap<(String, Variant), Vec<Sample>>;
+
+fn run_interleaved(
+    results: &mut Results,
+    workloads: &[Workload],
+    variants: &[Variant],
+    dev: &str,
+    opts: &Options,
+    tck: f64,
+) -> Result<()> {
+    for round in 1..=opts.rounds {
+        for w in workloads {
+            for &v in variants {
+                eprintln!("xtask: bench: round {round}/{}: {} with {}", opts.rounds, w.name, v.name());
+                let s = measure(v, w, dev, opts.seconds, tck)
+                    .with_context(|| format!("{} with {}", w.name, v.name()))?;
+                results.entry((w.name.clone(), v)).or_default().push(s);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// RSS of `tracerd run` sampled every second over a saturated run: (peak KiB, first, last, lost).
+fn soak(dev: &str, seconds: u64) -> Result<(Vec<u64>, u64)> {
+    let mut tracer = Tracer::start(Variant::TracerdRun, 9598)?;
+    let pid = tracer.pid().context("tracerd pid")?;
+    let w = Workload { name: "soak".into(), iodepth: 32, rate_iops: None };
+    let dev = dev.to_owned();
+    let fio_thread = std::thread::spawn(move || fio(&dev, &w, seconds));
+    let mut rss = Vec::new();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(seconds) {
+        sleep(Duration::from_secs(1));
+        if let Some(kib) = status_kib(pid, "VmRSS:") {
+            rss.push(kib);
+        }
+    }
+    fio_thread.join().map_err(|_| anyhow::anyhow!("fio thread panicked"))??;
+    let lost = tracer.lost_from_metrics().unwrap_or(u64::MAX);
+    tracer.stop()?;
+    Ok((rss, lost))
+}
+
+fn records_benchmark() -> Result<String> {
+    let out = output(
+        Command::new("cargo")
+            .current_dir(root_dir())
+            .args(["bench", "--quiet", "-p", "tracerd", "--bench", "records"]),
+    )?;
+    Ok(out
+        .lines()
+        .find(|l| l.starts_with("decode+aggregate"))
+        .unwrap_or("decode+aggregate: no result")
+        .to_owned())
+}
+
+pub fn bench(opts: Options) -> Result<()> {
+    if !setup::is_root() {
+        bail!(
+            "the benchmark loads tracers and creates a loop device: run it as root (sudo cargo xtask bench)"
+        );
+    }
+    crate::build(false)?;
+    setup::apt_install(&["fio", "libbpf-tools", "bpftrace", "bpftool", "curl"], "the benchmark")?;
+    let dir = root_dir().join("target/bench");
+    fs::create_dir_all(&dir)?;
+    let mut cleanup = Cleanup {
+        loop_dev: None,
+        backing: PathBuf::from(format!("/dev/shm/tracerd-bench-{}.img", std::process::id())),
+        bpf_stats_before: fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").ok(),
+        unmount_tracefs: false,
+    };
+    // bpftrace's tracepoints need tracefs; tp_btf (tracerd, biolatency) does not.
+    if !Path::new("/sys/kernel/tracing/events").exists() {
+        run(Command::new("mount").args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"]), "mount tracefs")?;
+        cleanup.unmount_tracefs = true;
+    }
+    fs::write("/proc/sys/kernel/bpf_stats_enabled", "1").context("enable kernel.bpf_stats_enabled")?;
+    fs::File::create(&cleanup.backing)?.set_len(1 << 30)?;
+    let dev =
+        output(Command::new("losetup").args(["--find", "--show"]).arg(&cleanup.backing))?.trim().to_owned();
+    cleanup.loop_dev = Some(dev.clone());
+    let tck = clock_ticks_per_second();
+
+    let mut results = Results::new();
+    let qd32 = Workload { name: "qd32 saturation".into(), iodepth: 32, rate_iops: None };
+    let qd1 = Workload { name: "qd1".into(), iodepth: 1, rate_iops: None };
+    run_interleaved(&mut results, &[qd32.clone(), qd1], &ALL, &dev, &opts, tck)?;
+    let untraced = median(results[&(qd32.name.clone(), Variant::None)].iter().map(|s| s.iops).collect());
+    let rated: Vec<Workload> = [25u64, 50]
+        .iter()
+        .map(|pct| Workload {
+            name: format!("qd32 at {pct}% rate"),
+            iodepth: 32,
+            rate_iops: Some((untraced * *pct as f64 / 100.0) as u64),
+        })
+        .collect();
+    run_interleaved(
+        &mut results,
+        &rated,
+        &[Variant::None, Variant::TracerdRun, Variant::Biolatency],
+        &dev,
+        &opts,
+        tck,
+    )?;
+    eprintln!("xtask: bench: soak: tracerd run at saturation for {} s", opts.soak_seconds);
+    let (rss, soak_lost) = soak(&dev, opts.soak_seconds)?;
+    let records = records_benchmark()?;
+
+    let text = summarize(&results, &rss, soak_lost, opts.soak_seconds, &records);
+    print!("{text}");
+    fs::write(dir.join("bench.txt"), &text)?;
+    fs::write(dir.join("bench.json"), to_json(&results, &rss, soak_lost, &records))?;
+    eprintln!("xtask: bench: raw figures in {}", dir.join("bench.json").display());
+    Ok(())
+}
+
+fn fmt_ns(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.0}ns"))
+}
+
+fn summarize(results: &Results, rss: &[u64], soak_lost: u64, soak_s: u64, records: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\n{:<22} {:<14} {:>10} {:>8} {:>9} {:>9} {:>11} {:>9} {:>6}",
+        "workload", "variant", "IOPS", "loss", "CPU/IO", "BPF/IO", "tracer/IO", "RSS", "lost"
+    );
+    let med = |v: &[Sample], f: fn(&Sample) -> Option<f64>| {
+        let vals: Vec<f64> = v.iter().filter_map(f).collect();
+        (!vals.is_empty()).then(|| median(vals))
+    };
+    let mut workloads: Vec<&String> = results.keys().map(|(w, _)| w).collect();
+    workloads.dedup();
+    let mut verdicts = Vec::new();
+    for w in workloads {
+        let base = med(&results[&(w.clone(), Variant::None)], |s| Some(s.iops)).unwrap_or(f64::NAN);
+        let mut loss_of = BTreeMap::new();
+        let mut bpf_of = BTreeMap::new();
+        for v in ALL {
+            let Some(samples) = results.get(&(w.clone(), v)) else { continue };
+            let iops = med(samples, |s| Some(s.iops)).unwrap_or(f64::NAN);
+            let loss = 1.0 - iops / base;
+            loss_of.insert(v, loss);
+            let bpf = med(samples, |s| s.bpf_ns_per_io);
+            if let Some(b) = bpf {
+                bpf_of.insert(v, b);
+            }
+            let rss = samples.iter().filter_map(|s| s.tracer_rss_kib).max();
+            let lost = samples.iter().filter_map(|s| s.lost).max();
+            let _ = writeln!(
+                out,
+                "{:<22} {:<14} {:>10.0} {:>7.1}% {:>9} {:>9} {:>11} {:>9} {:>6}",
+                w,
+                v.name(),
+                iops,
+                loss * 100.0,
+                fmt_ns(med(samples, |s| Some(s.cpu_ns_per_io))),
+                fmt_ns(bpf),
+                fmt_ns(med(samples, |s| s.tracer_cpu_ns_per_io)),
+                rss.map_or("-".into(), |k| format!("{:.1}MiB", k as f64 / 1024.0)),
+                lost.map_or("-".into(), |l| l.to_string())
+            );
+        }
+        if let (Some(t), Some(b)) = (loss_of.get(&Variant::TracerdRun), loss_of.get(&Variant::Biolatency)) {
+            let _ = writeln!(
+                out,
+                "{:<22} tracerd run loses {:.1}% vs biolatency {:.1}% (ratio {:.2}); BPF/IO tracerd {} vs biolatency {} (ratio {:.2})",
+                "",
+                t * 100.0,
+                b * 100.0,
+                t / b,
+                fmt_ns(bpf_of.get(&Variant::TracerdRun).copied()),
+                fmt_ns(bpf_of.get(&Variant::Biolatency).copied()),
+                bpf_of
+                    .get(&Variant::TracerdRun)
+                    .zip(bpf_of.get(&Variant::Biolatency))
+                    .map_or(f64::NAN, |(a, b)| a / b)
+            );
+            if w.starts_with("qd32 saturation") {
+                verdicts.push(("IOPS loss at saturation <= 1/3 of biolatency's", *t <= b / 3.0));
+                let cheaper = bpf_of
+                    .get(&Variant::TracerdRun)
+                    .zip(bpf_of.get(&Variant::Biolatency))
+                    .is_some_and(|(a, b)| a < b);
+                verdicts.push(("in-kernel cost per IO below biolatency's", cheaper));
+            }
+        }
+    }
+    let (first, last, peak) = (
+        rss.first().copied().unwrap_or(0),
+        rss.last().copied().unwrap_or(0),
+        rss.iter().max().copied().unwrap_or(0),
+    );
+    let drift = if first > 0 { (last as f64 - first as f64) / first as f64 } else { f64::NAN };
+    let _ = writeln!(
+        out,
+        "\nsoak: tracerd run at saturation for {soak_s} s: lost events {soak_lost}, RSS first {:.1} MiB, last {:.1} MiB, peak {:.1} MiB (drift {:+.1}%)",
+        first as f64 / 1024.0,
+        last as f64 / 1024.0,
+        peak as f64 / 1024.0,
+        drift * 100.0
+    );
+    let _ = writeln!(out, "{records}");
+    verdicts.push(("zero lost events at saturation", soak_lost == 0));
+    verdicts.push(("daemon RSS under 64 MiB", peak > 0 && peak < 64 * 1024));
+    verdicts.push(("RSS flat within 5% over the soak", drift.abs() <= 0.05));
+    verdicts
+        .push(("decode+aggregate >= 5 M records/s", records.contains("met") && !records.contains("NOT met")));
+    let _ = writeln!(out, "\ntargets:");
+    for (what, ok) in verdicts {
+        let _ = writeln!(out, "  {:<50} {}", what, if ok { "met" } else { "NOT met" });
+    }
+    out
+}
+
+fn to_json(results: &Results, rss: &[u64], soak_lost: u64, records: &str) -> String {
+    let mut out = String::from("{\"runs\":[");
+    let mut first = true;
+    for ((w, v), samples) in results {
+        for s in samples {
+            if !first {
+                out.push(',');
+            }
+            first = false;
+            let opt = |v: Option<f64>| v.map_or("null".into(), |v| format!("{v:.1}"));
+            let _ = write!(
+                out,
+                "{{\"workload\":\"{w}\",\"variant\":\"{}\",\"iops\":{:.1},\"ios\":{},\"cpu_ns_per_io\":{:.1},\"bpf_ns_per_io\":{},\"bpf_programs\":{},\"tracer_cpu_ns_per_io\":{},\"tracer_peak_rss_kib\":{},\"lost\":{}}}",
+                v.name(),
+                s.iops,
+                s.ios,
+                s.cpu_ns_per_io,
+                opt(s.bpf_ns_per_io),
+                s.bpf_programs,
+                opt(s.tracer_cpu_ns_per_io),
+                s.tracer_rss_kib.map_or("null".into(), |k| k.to_string()),
+                s.lost.map_or("null".into(), |l| l.to_string())
+            );
+        }
+    }
+    let rss: Vec<String> = rss.iter().map(u64::to_string).collect();
+    let _ = write!(
+        out,
+        "],\"soak\":{{\"rss_kib_per_second\":[{}],\"lost\":{soak_lost}}},\"records_benchmark\":\"{}\"}}\n",
+        rss.join(","),
+        records.replace('"', "'")
+    );
+    out
+}
