@@ -600,9 +600,9 @@ fn to_json(results: &Results, rss: &[u64], soak_lost: u64, records: &str) -> Str
         }
     }
     let rss: Vec<String> = rss.iter().map(u64::to_string).collect();
-    let _ = write!(
+    let _ = writeln!(
         out,
-        "],\"soak\":{{\"rss_kib_per_second\":[{}],\"lost\":{soak_lost}}},\"records_benchmark\":\"{}\"}}\n",
+        "],\"soak\":{{\"rss_kib_per_second\":[{}],\"lost\":{soak_lost}}},\"records_benchmark\":\"{}\"}}",
         rss.join(","),
         records.replace('"', "'")
     );
