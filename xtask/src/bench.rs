@@ -76,6 +76,7 @@ pub struct Options {
     pub seconds: u64,
     pub rounds: usize,
     pub soak_seconds: u64,
+    pub soak_only: bool,
 }
 
 /// Undoes what the benchmark changed on the machine, also on error.
@@ -443,26 +444,28 @@ pub fn bench(opts: Options) -> Result<()> {
     let tck = clock_ticks_per_second();
 
     let mut results = Results::new();
-    let qd32 = Workload { name: "qd32 saturation".into(), iodepth: 32, rate_iops: None };
-    let qd1 = Workload { name: "qd1".into(), iodepth: 1, rate_iops: None };
-    run_interleaved(&mut results, &[qd32.clone(), qd1], &ALL, &dev, &opts, tck)?;
-    let untraced = median(results[&(qd32.name.clone(), Variant::None)].iter().map(|s| s.iops).collect());
-    let rated: Vec<Workload> = [25u64, 50]
-        .iter()
-        .map(|pct| Workload {
-            name: format!("qd32 at {pct}% rate"),
-            iodepth: 32,
-            rate_iops: Some((untraced * *pct as f64 / 100.0) as u64),
-        })
-        .collect();
-    run_interleaved(
-        &mut results,
-        &rated,
-        &[Variant::None, Variant::TracerdRun, Variant::Biolatency],
-        &dev,
-        &opts,
-        tck,
-    )?;
+    if !opts.soak_only {
+        let qd32 = Workload { name: "qd32 saturation".into(), iodepth: 32, rate_iops: None };
+        let qd1 = Workload { name: "qd1".into(), iodepth: 1, rate_iops: None };
+        run_interleaved(&mut results, &[qd32.clone(), qd1], &ALL, &dev, &opts, tck)?;
+        let untraced = median(results[&(qd32.name.clone(), Variant::None)].iter().map(|s| s.iops).collect());
+        let rated: Vec<Workload> = [25u64, 50]
+            .iter()
+            .map(|pct| Workload {
+                name: format!("qd32 at {pct}% rate"),
+                iodepth: 32,
+                rate_iops: Some((untraced * *pct as f64 / 100.0) as u64),
+            })
+            .collect();
+        run_interleaved(
+            &mut results,
+            &rated,
+            &[Variant::None, Variant::TracerdRun, Variant::Biolatency],
+            &dev,
+            &opts,
+            tck,
+        )?;
+    }
     eprintln!("xtask: bench: soak: tracerd run at saturation for {} s", opts.soak_seconds);
     let (rss, soak_lost) = soak(&dev, opts.soak_seconds)?;
     let records = records_benchmark()?;

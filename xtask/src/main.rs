@@ -62,6 +62,9 @@ enum Cmd {
         /// Seconds of the saturated soak (lost events, RSS over time).
         #[arg(long, default_value_t = 60)]
         soak_seconds: u64,
+        /// Only the soak (e.g. `--soak-only --soak-seconds 600` for the 10-minute RSS check).
+        #[arg(long)]
+        soak_only: bool,
     },
     /// Boot a Debian 6.1 kernel under qemu (md, dm, brd, null_blk, kprobes) and run tracerd there.
     VmTest,
@@ -93,8 +96,8 @@ fn real_main() -> Result<()> {
             run(Command::new(tracerd_bin()).args(&args), "tracerd")
         }
         Cmd::Test { unit_only } => test(unit_only),
-        Cmd::Bench { seconds, rounds, soak_seconds } => {
-            bench::bench(bench::Options { seconds, rounds, soak_seconds })
+        Cmd::Bench { seconds, rounds, soak_seconds, soak_only } => {
+            bench::bench(bench::Options { seconds, rounds, soak_seconds, soak_only })
         }
         Cmd::VmTest => {
             let mut tally = Tally::default();
