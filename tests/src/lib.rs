@@ -165,7 +165,8 @@ impl Tracerd {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", tracerd_bin().display()));
         let mut t = Tracerd { child, stdout, stderr, addr: None };
-        t.wait_for_stderr("attached", Duration::from_secs(30));
+        // The session's line, logged once every hook is attached and the devices are set.
+        t.wait_for_stderr("hooks; tracing", Duration::from_secs(30));
         t
     }
 

@@ -339,15 +339,29 @@ fn on_bio_merge<M: Mem>(bio: u64) {
     entry.submit(commit_flags());
 }
 
+/// Front merges followed from a request's first bio back to the bio that allocated it.
+const FRONT_MERGES_FOLLOWED: u32 = 4;
+
 /// A request's state on first sight (I or D), taking its first bio's Q and G.
 fn new_request_state<M: Mem>(l: &KernelLayout, rq: u64, disk: u32) -> RequestState {
     let mut state = RequestState::default();
     state.record.kind = kind::REQUEST;
     state.record.disk = disk;
     state.record.id = M::key(rq);
-    let bio = M::key(M::read(rq, l.rq_bio));
-    // SAFETY: copy out of a map value.
-    if let Some(b) = slot_take(&BIOS, limits::BIO_SLOTS, bio) {
+    // The first bio holds Q and G; a front merge puts the merged bio before it, so walk on.
+    let mut bio: u64 = M::read(rq, l.rq_bio);
+    let mut first = None;
+    for _ in 0..FRONT_MERGES_FOLLOWED {
+        if bio == 0 {
+            break;
+        }
+        first = slot_take(&BIOS, limits::BIO_SLOTS, M::key(bio));
+        if first.is_some() {
+            break;
+        }
+        bio = M::read(bio, l.bio_bi_next);
+    }
+    if let Some(b) = first {
         state.record.ts[event::Q] = b.queued_ns;
         state.record.ts[event::G] = b.getrq_ns;
         state.record.dev = b.dev;

@@ -19,6 +19,7 @@ pub fn resolve(btf: &Btf) -> Result<KernelLayout> {
         bio_bi_size: off("bio", &["bi_iter", "bi_size"])?,
         bio_bi_private: off("bio", &["bi_private"])?,
         bio_bi_status: off("bio", &["bi_status"])?,
+        bio_bi_next: off("bio", &["bi_next"])?,
         rq_bio: off("request", &["bio"])?,
         rq_cmd_flags: off("request", &["cmd_flags"])?,
         rq_data_len: off("request", &["__data_len"])?,
@@ -74,6 +75,7 @@ mod tests {
                 ("bi_iter", iter, 32),
                 ("bi_private", u64t, 64),
                 ("bi_status", u32t, 72),
+                ("bi_next", u64t, 0),
             ],
         );
         b.strukt("request_queue", 4, 64, &[("disk", u64t, 40)]);

@@ -220,7 +220,7 @@ impl Tracer {
             Variant::TracerdSnoop => (
                 Command::new(tracerd_bin()).arg("snoop").stdout(Stdio::null()).stderr(file(&err)?).spawn()?,
                 &err,
-                "attached",
+                "hooks; tracing",
             ),
             Variant::Biolatency => (
                 Command::new("biolatency").arg("3600").stdout(file(&out)?).stderr(file(&err)?).spawn()?,
@@ -252,6 +252,20 @@ impl Tracer {
         let programs = bpf_programs()?.iter().map(|p| p.0).filter(|id| !before.contains(id)).collect();
         let metrics = (variant == Variant::TracerdRun).then(|| format!("127.0.0.1:{port}"));
         Ok(Tracer { child: Some(child), programs, metrics, stderr: err })
+    }
+
+    /// Non-zero lost-event reasons from /metrics, e.g. `stale_bio 3`.
+    fn lost_reasons(&self) -> String {
+        let Some(addr) = self.metrics.as_ref() else { return String::new() };
+        let body =
+            output(Command::new("curl").args(["-s", &format!("http://{addr}/metrics")])).unwrap_or_default();
+        body.lines()
+            .filter_map(|l| l.strip_prefix("tracerd_events_lost_total{reason=\""))
+            .filter_map(|l| l.split_once("\"} "))
+            .filter(|(_, v)| *v != "0")
+            .map(|(r, v)| format!("{r} {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     fn pid(&self) -> Option<u32> {
@@ -382,7 +396,7 @@ fn run_interleaved(
 }
 
 /// RSS of `tracerd run` sampled every second over a saturated run: (peak KiB, first, last, lost).
-fn soak(dev: &str, seconds: u64) -> Result<(Vec<u64>, u64)> {
+fn soak(dev: &str, seconds: u64) -> Result<(Vec<u64>, u64, String)> {
     let mut tracer = Tracer::start(Variant::TracerdRun, 9598)?;
     let pid = tracer.pid().context("tracerd pid")?;
     let w = Workload { name: "soak".into(), iodepth: 32, rate_iops: None };
@@ -398,8 +412,9 @@ fn soak(dev: &str, seconds: u64) -> Result<(Vec<u64>, u64)> {
     }
     fio_thread.join().map_err(|_| anyhow::anyhow!("fio thread panicked"))??;
     let lost = tracer.lost_from_metrics().unwrap_or(u64::MAX);
+    let reasons = tracer.lost_reasons();
     tracer.stop()?;
-    Ok((rss, lost))
+    Ok((rss, lost, reasons))
 }
 
 fn records_benchmark() -> Result<String> {
@@ -467,7 +482,10 @@ pub fn bench(opts: Options) -> Result<()> {
         )?;
     }
     eprintln!("xtask: bench: soak: tracerd run at saturation for {} s", opts.soak_seconds);
-    let (rss, soak_lost) = soak(&dev, opts.soak_seconds)?;
+    let (rss, soak_lost, lost_reasons) = soak(&dev, opts.soak_seconds)?;
+    if !lost_reasons.is_empty() {
+        eprintln!("xtask: bench: soak lost events by reason: {lost_reasons}");
+    }
     let records = records_benchmark()?;
 
     let text = summarize(&results, &rss, soak_lost, opts.soak_seconds, &records);

@@ -28,16 +28,26 @@ use anyhow::{Context, Result, bail, ensure};
 
 use crate::{cpio::CpioWriter, root_dir, run, setup};
 
-const VM_PACKAGES: &[&str] = &["qemu-system-x86", "busybox-static", "mdadm", "dmsetup", "xz-utils"];
+const VM_PACKAGES: &[&str] =
+    &["qemu-system-x86", "busybox-static", "mdadm", "dmsetup", "xz-utils", "util-linux", "fdisk"];
 const MUSL: &str = "x86_64-unknown-linux-musl";
 /// Debian's meta package; it depends on the concrete `linux-image-<abi>-amd64`.
 const KERNEL_META: &str = "linux-image-amd64";
 /// Modules the guest prologue loads (their dependencies come along, see [`VmKernel::module_files`]).
-pub const GUEST_MODULES: &[&str] = &["brd", "raid1", "dm-mod", "dm-multipath", "dm-round-robin", "null_blk"];
+pub const GUEST_MODULES: &[&str] = &["brd", "raid1", "dm-mod", "null_blk", "loop"];
 /// Mount points the prologue mounts on.
 const GUEST_DIRS: &[&str] = &["proc", "sys", "dev", "tmp", "run", "sys/kernel/debug", "sys/kernel/tracing"];
 /// Userspace tools copied from the host with their shared libraries: (guest path, command).
-const GUEST_TOOLS: &[(&str, &str)] = &[("/sbin/mdadm", "mdadm"), ("/sbin/dmsetup", "dmsetup")];
+/// util-linux's own tools go to /usr/local (ahead of busybox's applets on the host tests' PATH):
+/// the host-kernel tests use their long options.
+const GUEST_TOOLS: &[(&str, &str)] = &[
+    ("/sbin/mdadm", "mdadm"),
+    ("/sbin/dmsetup", "dmsetup"),
+    ("/usr/local/sbin/losetup", "losetup"),
+    ("/usr/local/sbin/sfdisk", "sfdisk"),
+    ("/usr/local/bin/partx", "partx"),
+    ("/usr/local/bin/setpriv", "setpriv"),
+];
 /// Start of an xz stream; Debian compresses vmlinuz's payload with xz.
 const XZ_MAGIC: &[u8] = &[0xfd, b'7', b'z', b'X', b'Z', 0];
 
@@ -300,6 +310,31 @@ fn module_depends(ko: &Path) -> Result<Vec<String>> {
 
 /// Builds the musl target of `packages` and returns the paths of `bins`, each checked to be
 /// static (no ELF interpreter), so they run in the bare initramfs.
+/// Builds an integration test of `package` as a static (musl) executable; returns its path.
+pub fn build_static_test(package: &str, test: &str) -> Result<PathBuf> {
+    let mut cmd = crate::cargo(None);
+    cmd.args(["test", "--release", "--no-run", "--message-format=json", "--target", MUSL, "-p", package])
+        .args(["--test", test]);
+    let out = cmd.output().context("cannot run cargo test --no-run")?;
+    ensure!(
+        out.status.success(),
+        "building the {test} test ({MUSL}) failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let exe = stdout
+        .lines()
+        .filter(|l| l.contains(&format!("\"name\":\"{test}\"")))
+        .find_map(|l| {
+            let at = l.find("\"executable\":\"")? + "\"executable\":\"".len();
+            Some(l[at..at + l[at..].find('"')?].to_owned())
+        })
+        .with_context(|| format!("cargo did not name the {test} test executable"))?;
+    let path = PathBuf::from(exe);
+    ensure!(!has_interp(&fs::read(&path)?)?, "{} is dynamically linked", path.display());
+    Ok(path)
+}
+
 pub fn build_static(packages: &[&str], bins: &[&str]) -> Result<Vec<PathBuf>> {
     let mut cmd = crate::cargo(None);
     cmd.args(["build", "--release", "--target", MUSL]);
@@ -697,26 +732,21 @@ modprobe brd rd_nr=3 rd_size=65536 || vm_fail "modprobe brd"
 modprobe raid1 || vm_fail "modprobe raid1"
 modprobe dm-mod || vm_fail "modprobe dm-mod"
 # Six devices for the queue-depth scenario; timer completions keep requests in flight.
-modprobe dm-multipath || vm_fail "modprobe dm-multipath"
-modprobe dm-round-robin || vm_fail "modprobe dm-round-robin"
-modprobe null_blk nr_devices=7 irqmode=2 completion_nsec=50000000 hw_queue_depth=64 \
+modprobe loop || vm_fail "modprobe loop"
+modprobe null_blk nr_devices=6 irqmode=2 completion_nsec=50000000 hw_queue_depth=64 \
     || vm_fail "modprobe null_blk"
 # No udev in here: mdadm and dmsetup create their device nodes themselves.
 export MDADM_NO_UDEV=1 DM_DISABLE_UDEV=1
 mdadm --create /dev/md0 --run --force --level=1 --raid-devices=2 --metadata=1.2 --assume-clean \
     /dev/ram0 /dev/ram1 || vm_fail "mdadm --create /dev/md0"
 dmsetup create lin0 --table "0 131072 linear /dev/ram2 0" || vm_fail "dmsetup create lin0"
-# Request-based dm: a one-path multipath device (dm-1) over nullb6.
-dmsetup create mp0 --table "0 131072 multipath 0 0 1 1 round-robin 0 1 1 /dev/nullb6 1" \
-    || vm_fail "dmsetup create mp0"
-for d in ram0 ram1 ram2 md0 dm-0 dm-1 nullb0 nullb6; do
+for d in ram0 ram1 ram2 md0 dm-0 nullb0; do
     [ -b /dev/$d ] || vm_fail "/dev/$d is missing"
 done
 echo VM-SETUP-DONE
 
 {scenarios}
 echo VM-TEARDOWN
-dmsetup remove mp0
 dmsetup remove lin0
 mdadm --stop /dev/md0
 echo VM-DONE
@@ -769,12 +799,18 @@ pub fn run_scenarios() -> Result<PathBuf> {
     })?;
     let bins =
         step("build static binaries", || build_static(&["tracerd", "tracerd-tests"], &["tracerd", "iogen"]))?;
+    let host_tests =
+        step("build the host-kernel tests", || build_static_test("tracerd-tests", "host_kernel"))?;
     let kernel = step("fetch the kernel", kernel)?;
     let initramfs = out_dir().join("tracerd-vm.cpio");
     step("build the initramfs", || {
         let mut files = kernel.module_files(GUEST_MODULES, &out_dir())?;
         files.push(("/bin/tracerd".into(), bins[0].clone()));
         files.push(("/bin/iogen".into(), bins[1].clone()));
+        // The host-kernel tests, run on this second kernel: the harness finds iogen at
+        // <test dir>/../iogen.
+        files.push(("/t/deps/host_kernel".into(), host_tests.clone()));
+        files.push(("/t/iogen".into(), bins[1].clone()));
         build_initramfs(&initramfs, &files, &guest_script(&(smoke_scenario() + &vm_scenarios::all())))
     })?;
     let console =
