@@ -342,12 +342,14 @@ fn on_bio_merge<M: Mem>(bio: u64) {
 /// Front merges followed from a request's first bio back to the bio that allocated it.
 const FRONT_MERGES_FOLLOWED: u32 = 4;
 
-/// A request's state on first sight (I or D), taking its first bio's Q and G.
-fn new_request_state<M: Mem>(l: &KernelLayout, rq: u64, disk: u32) -> RequestState {
-    let mut state = RequestState::default();
-    state.record.kind = kind::REQUEST;
-    state.record.disk = disk;
-    state.record.id = M::key(rq);
+/// A request's record on first sight (I, D, or C for one never issued itself), taking its
+/// first bio's Q and G. Fills `rec` in place (the BPF stack is small).
+fn init_request_record<M: Mem>(l: &KernelLayout, rq: u64, disk: u32, rec: &mut IoRecord) {
+    rec.kind = kind::REQUEST;
+    rec.disk = disk;
+    // Map keys stay on the stack: older kernels refuse ring-buffer memory as a key.
+    let id = M::key(rq);
+    rec.id = id;
     // The first bio holds Q and G; a front merge puts the merged bio before it, so walk on.
     let mut bio: u64 = M::read(rq, l.rq_bio);
     let mut first = None;
@@ -362,23 +364,22 @@ fn new_request_state<M: Mem>(l: &KernelLayout, rq: u64, disk: u32) -> RequestSta
         bio = M::read(bio, l.bio_bi_next);
     }
     if let Some(b) = first {
-        state.record.ts[event::Q] = b.queued_ns;
-        state.record.ts[event::G] = b.getrq_ns;
-        state.record.dev = b.dev;
-        state.record.pid = b.pid;
-        state.record.comm = b.comm;
-        state.record.flags = b.flags;
-        state.record.parent = b.parent;
+        rec.ts[event::Q] = b.queued_ns;
+        rec.ts[event::G] = b.getrq_ns;
+        rec.dev = b.dev;
+        rec.pid = b.pid;
+        rec.comm = b.comm;
+        rec.flags = b.flags;
+        rec.parent = b.parent;
     }
     if stacking() {
         // A clone request of request-based dm (multipath): linked at its remap.
         // SAFETY: copy out of a map value.
-        if let Some(parent) = unsafe { LINKS.get(&state.record.id) }.copied() {
-            state.record.parent = parent;
-            let _ = LINKS.remove(&state.record.id);
+        if let Some(parent) = unsafe { LINKS.get(&id) }.copied() {
+            rec.parent = parent;
+            let _ = LINKS.remove(&id);
         }
     }
-    state
 }
 
 /// Adds `delta` to a disk's in-flight count and returns the new count.
@@ -411,7 +412,8 @@ fn on_rq_insert<M: Mem>(rq: u64) {
     if !is_traced(disk) {
         return;
     }
-    let mut state = new_request_state::<M>(&l, rq, disk);
+    let mut state = RequestState::default();
+    init_request_record::<M>(&l, rq, disk, &mut state.record);
     state.record.ts[event::I] = now;
     if !slot_put(&REQUESTS, limits::REQUEST_SLOTS, state.record.id, &state) {
         count_lost(lost::REQUEST_MAP_FULL);
@@ -446,7 +448,8 @@ fn on_rq_issue<M: Mem>(rq: u64) {
     if dev.is_none() && !is_traced(disk) {
         return;
     }
-    let mut state = new_request_state::<M>(&l, rq, disk);
+    let mut state = RequestState::default();
+    init_request_record::<M>(&l, rq, disk, &mut state.record);
     state.record.ts[event::D] = now;
     fill_issue::<M>(&l, rq, &mut state.record);
     if let Some(dev) = dev {
@@ -477,17 +480,15 @@ fn on_rq_requeue(rq: u64) {
 
 fn on_rq_complete<M: Mem>(rq: u64, error: u32, nr_bytes: u32) {
     let l = layout();
-    let Some(slot) = slot_find(&REQUESTS, limits::REQUEST_SLOTS, M::key(rq)) else {
-        if is_traced(rq_disk::<M>(&l, rq)) {
-            count_lost(lost::COMPLETE_WITHOUT_START);
-        }
-        return;
-    };
     // A partial completion leaves bytes behind: the request is done when none remain.
     let remaining: u32 = M::read(rq, l.rq_data_len);
     if nr_bytes < remaining {
         return;
     }
+    let Some(slot) = slot_find(&REQUESTS, limits::REQUEST_SLOTS, M::key(rq)) else {
+        on_rq_complete_unissued::<M>(&l, rq, error);
+        return;
+    };
     // SAFETY: array value pointer from a successful lookup.
     let state = unsafe { &mut (*slot).value };
     if state.issued != 0 {
@@ -495,16 +496,43 @@ fn on_rq_complete<M: Mem>(rq: u64, error: u32, nr_bytes: u32) {
     }
     match EVENTS.reserve::<IoRecord>(0) {
         Some(mut entry) => {
-            let mut rec = state.record;
+            // Copied straight into the ring buffer: no second copy on the small BPF stack.
+            let rec = entry.write(state.record);
             rec.ts[event::C] = unsafe { bpf_ktime_get_ns() };
             rec.error = error;
-            entry.write(rec);
             entry.submit(commit_flags());
         }
         None => count_lost(lost::RINGBUF_FULL),
     }
     // SAFETY: as above; frees the slot.
     unsafe { (*slot).key = 0 };
+}
+
+/// A request completed that was never inserted or issued itself (the flush machinery finishes
+/// the original request of an empty flush): its first bio's Q and G are still in their slot.
+/// With no start at all, the completion is counted as lost.
+fn on_rq_complete_unissued<M: Mem>(l: &KernelLayout, rq: u64, error: u32) {
+    let disk = rq_disk::<M>(l, rq);
+    if !is_traced(disk) {
+        return;
+    }
+    let Some(mut entry) = EVENTS.reserve::<IoRecord>(0) else {
+        count_lost(lost::RINGBUF_FULL);
+        return;
+    };
+    // SAFETY: the reserved entry is ours until submit/discard.
+    let rec = unsafe { &mut *entry.as_mut_ptr() };
+    *rec = IoRecord::default();
+    init_request_record::<M>(l, rq, disk, rec);
+    if rec.ts[event::Q] == 0 {
+        entry.discard(0);
+        count_lost(lost::COMPLETE_WITHOUT_START);
+        return;
+    }
+    fill_issue::<M>(l, rq, rec);
+    rec.ts[event::C] = unsafe { bpf_ktime_get_ns() };
+    rec.error = error;
+    entry.submit(commit_flags());
 }
 
 /// A stacked device (dm, md) sent `lower` down; `upper_dev` is its own device. The upper bio is
