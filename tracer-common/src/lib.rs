@@ -38,6 +38,9 @@ pub mod flag {
     pub const REQUEUED: u8 = 1 << 0;
     /// The request carries a bio split off a larger one (`block_split`).
     pub const SPLIT: u8 = 1 << 1;
+    /// Request-based dm sent the request's data down as a clone (`block_rq_remap`): the clone's
+    /// completion completes its bytes, and dm ends it later with a zero-byte completion (its C).
+    pub const CLONED: u8 = 1 << 2;
 }
 
 /// Why an event was lost. Index into the kernel's per-CPU `LOST` counters; the daemon adds
@@ -53,7 +56,11 @@ pub mod lost {
     pub const COMPLETE_WITHOUT_START: u32 = 3;
     /// The map linking lower bios to their upper bio was full at a remap.
     pub const LINK_MAP_FULL: u32 = 4;
-    pub const KERNEL_COUNT: u32 = 5;
+    /// A request was issued (or inserted) again while its last issue was still open, with no
+    /// requeue between: that issue's completion was never seen (the kernel skips a program run
+    /// nested over the same program on one CPU, see `recursion` in the daemon's reasons).
+    pub const MISSED_COMPLETION: u32 = 5;
+    pub const KERNEL_COUNT: u32 = 6;
 }
 
 /// One record per completed request (or merged bio), written by the kernel into the ring buffer.

@@ -400,12 +400,29 @@ fn add_in_flight(disk: u32, delta: i32) -> u32 {
     }
 }
 
+/// A request seen again at I or D with its last issue still open (no completion, no requeue):
+/// that completion was missed. Counts it and releases its share of the queue depth; the
+/// caller then starts the request afresh. False for a request in its normal course.
+fn missed_completion(state: *mut RequestState) -> bool {
+    // SAFETY: map value pointer from a successful lookup.
+    let state = unsafe { &mut *state };
+    if state.issued == 0 {
+        return false;
+    }
+    add_in_flight(state.record.disk, -1);
+    state.issued = 0;
+    count_lost(lost::MISSED_COMPLETION);
+    true
+}
+
 fn on_rq_insert<M: Mem>(rq: u64) {
     let now = unsafe { bpf_ktime_get_ns() };
     if let Some(state) = slot_get(&REQUESTS, limits::REQUEST_SLOTS, M::key(rq)) {
-        // SAFETY: map value pointer from a successful lookup.
-        unsafe { (*state).record.ts[event::I] = now };
-        return;
+        if !missed_completion(state) {
+            // SAFETY: map value pointer from a successful lookup.
+            unsafe { (*state).record.ts[event::I] = now };
+            return;
+        }
     }
     let l = layout();
     let disk = rq_disk::<M>(&l, rq);
@@ -431,15 +448,15 @@ fn on_rq_issue<M: Mem>(rq: u64) {
     let now = unsafe { bpf_ktime_get_ns() };
     let l = layout();
     if let Some(state) = slot_get(&REQUESTS, limits::REQUEST_SLOTS, M::key(rq)) {
-        // SAFETY: map value pointer from a successful lookup.
-        let state = unsafe { &mut *state };
-        state.record.ts[event::D] = now;
-        fill_issue::<M>(&l, rq, &mut state.record);
-        if state.issued == 0 {
+        if !missed_completion(state) {
+            // SAFETY: map value pointer from a successful lookup.
+            let state = unsafe { &mut *state };
+            state.record.ts[event::D] = now;
+            fill_issue::<M>(&l, rq, &mut state.record);
             state.record.queue_depth = add_in_flight(state.record.disk, 1);
             state.issued = 1;
+            return;
         }
-        return;
     }
     // First sight at D (direct dispatch): one device lookup serves the filter and the depth.
     let disk = rq_disk::<M>(&l, rq);
@@ -486,11 +503,21 @@ fn on_rq_complete<M: Mem>(rq: u64, error: u32, nr_bytes: u32) {
         return;
     }
     let Some(slot) = slot_find(&REQUESTS, limits::REQUEST_SLOTS, M::key(rq)) else {
+        // Request-based dm ends an original request whose bytes its clone already completed
+        // with a zero-byte completion and no bio left: nothing of it is open here.
+        let bio: u64 = M::read(rq, l.rq_bio);
+        if nr_bytes == 0 && bio == 0 {
+            return;
+        }
         on_rq_complete_unissued::<M>(&l, rq, error);
         return;
     };
     // SAFETY: array value pointer from a successful lookup.
     let state = unsafe { &mut (*slot).value };
+    if state.record.flags & flag::CLONED != 0 && error == 0 && nr_bytes != 0 {
+        // The clone's data completed this request's bytes; dm ends it later (zero bytes).
+        return;
+    }
     if state.issued != 0 {
         add_in_flight(state.record.disk, -1);
     }
@@ -555,7 +582,21 @@ fn on_bio_remap(lower: u64, upper_dev: u32) {
 /// Request-based dm sent the clone request `lower` down; the upper request is the one this task
 /// is dispatching (known from the kprobe on `dm_mq_queue_rq`).
 fn on_rq_remap(lower: u64, upper_dev: u32) {
-    on_bio_remap(lower, upper_dev);
+    let lower = scalar(lower);
+    // SAFETY: copy out of a map value.
+    let Some(sub) = (unsafe { SUBMITTING.get(&thread_id()) }).copied() else {
+        return;
+    };
+    if sub.dev != upper_dev {
+        return;
+    }
+    if LINKS.insert(&lower, &sub.bio, 0).is_err() {
+        count_lost(lost::LINK_MAP_FULL);
+    }
+    if let Some(upper) = slot_get(&REQUESTS, limits::REQUEST_SLOTS, sub.bio) {
+        // SAFETY: map value pointer from a successful lookup.
+        unsafe { (*upper).record.flags |= flag::CLONED };
+    }
 }
 
 /// Entry of request-based dm's queue_rq: the upper request it dispatches.

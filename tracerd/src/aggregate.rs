@@ -116,20 +116,24 @@ pub struct Lost {
     pub decode_error: u64,
     /// Lower IOs of a stacked device whose upper IO was never seen to complete.
     pub orphaned_lower: u64,
+    /// Program runs the kernel skipped (nested on one CPU); each may have lost an event.
+    pub recursion: u64,
 }
 
 impl Lost {
-    pub fn reasons(&self) -> [(&'static str, u64); 9] {
+    pub fn reasons(&self) -> [(&'static str, u64); 11] {
         [
             ("ringbuf_full", self.kernel[lost::RINGBUF_FULL as usize]),
             ("bio_map_full", self.kernel[lost::BIO_MAP_FULL as usize]),
             ("request_map_full", self.kernel[lost::REQUEST_MAP_FULL as usize]),
             ("complete_without_start", self.kernel[lost::COMPLETE_WITHOUT_START as usize]),
             ("link_map_full", self.kernel[lost::LINK_MAP_FULL as usize]),
+            ("missed_completion", self.kernel[lost::MISSED_COMPLETION as usize]),
             ("stale_bio", self.stale_bio),
             ("stale_request", self.stale_request),
             ("decode_error", self.decode_error),
             ("orphaned_lower", self.orphaned_lower),
+            ("recursion", self.recursion),
         ]
     }
 
@@ -143,6 +147,7 @@ impl Lost {
         d.stale_request = d.stale_request.saturating_sub(base.stale_request);
         d.decode_error = d.decode_error.saturating_sub(base.decode_error);
         d.orphaned_lower = d.orphaned_lower.saturating_sub(base.orphaned_lower);
+        d.recursion = d.recursion.saturating_sub(base.recursion);
         d
     }
 }
@@ -283,11 +288,11 @@ mod tests {
 
     #[test]
     fn lost_since_a_baseline() {
-        let base = Lost { kernel: [1, 0, 0, 2, 0], stale_bio: 1, ..Default::default() };
-        let now = Lost { kernel: [5, 0, 1, 2, 0], stale_bio: 3, ..Default::default() };
+        let base = Lost { kernel: [1, 0, 0, 2, 0, 0], stale_bio: 1, ..Default::default() };
+        let now = Lost { kernel: [5, 0, 1, 2, 0, 0], stale_bio: 3, ..Default::default() };
         let d = now.since(&base);
         assert_eq!(d.reasons()[0], ("ringbuf_full", 4));
         assert_eq!(d.reasons()[2], ("request_map_full", 1));
-        assert_eq!(d.reasons()[5], ("stale_bio", 2));
+        assert_eq!(d.reasons()[6], ("stale_bio", 2));
     }
 }

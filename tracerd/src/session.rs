@@ -99,7 +99,12 @@ impl Session {
 
     /// Every lost-event counter, kernel and daemon.
     pub fn lost(&self) -> Result<Lost> {
-        Ok(Lost { kernel: self.tracer.kernel_lost()?, orphaned_lower: self.layers.orphaned, ..self.own_lost })
+        Ok(Lost {
+            kernel: self.tracer.kernel_lost()?,
+            orphaned_lower: self.layers.orphaned,
+            recursion: self.tracer.recursion_misses(),
+            ..self.own_lost
+        })
     }
 
     /// Waits until records are ready, then hands each to `f` with its traced device.

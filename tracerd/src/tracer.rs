@@ -1,7 +1,11 @@
 //! Loading tracerd's kernel programs into the running kernel: checks first (privileges, BTF),
 //! then the struct layout from BTF, then every hook. Dropping the `Tracer` detaches everything.
 
-use std::{collections::HashSet, time::Duration};
+use std::{
+    collections::HashSet,
+    os::fd::{AsFd, AsRawFd, BorrowedFd},
+    time::Duration,
+};
 
 use anyhow::{Context, Result, bail};
 use aya::{
@@ -192,6 +196,17 @@ impl Tracer {
         Ok(out)
     }
 
+    /// Program runs the kernel skipped, summed over tracerd's programs: a tracepoint program
+    /// that fires again on a CPU where it is already running (a completion in a hard interrupt
+    /// over one in a soft interrupt) is not run. 0 on kernels before 5.12, which do not count.
+    pub fn recursion_misses(&self) -> u64 {
+        self.ebpf
+            .programs()
+            .filter_map(|(_, prog)| prog.fd().ok())
+            .map(|fd| prog_recursion_misses(fd.as_fd()))
+            .sum()
+    }
+
     /// Makes the kernel trace exactly `devs` (kernel `dev_t`s); keeps counters of kept devices.
     pub fn set_devices(&mut self, devs: &HashSet<u32>) -> Result<()> {
         let mut map: BpfHashMap<_, u32, DeviceState> =
@@ -216,6 +231,28 @@ impl Tracer {
         })?;
         Ok((stale_bios, stale_requests))
     }
+}
+
+/// `recursion_misses` of one program (BPF_OBJ_GET_INFO_BY_FD; aya does not expose the field).
+fn prog_recursion_misses(fd: BorrowedFd<'_>) -> u64 {
+    use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_prog_info};
+    // SAFETY: both are plain C structs, valid when zeroed.
+    let mut info: bpf_prog_info = unsafe { std::mem::zeroed() };
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    attr.info.bpf_fd = fd.as_raw_fd() as u32;
+    attr.info.info_len = std::mem::size_of::<bpf_prog_info>() as u32;
+    attr.info.info = &raw mut info as u64;
+    // SAFETY: attr points at a live bpf_prog_info of the size given; the kernel writes at most
+    // that many bytes (fewer on older kernels, leaving the rest zero).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            bpf_cmd::BPF_OBJ_GET_INFO_BY_FD as libc::c_long,
+            &raw mut attr,
+            std::mem::size_of::<bpf_attr>(),
+        )
+    };
+    if rc == 0 { info.recursion_misses } else { 0 }
 }
 
 /// Frees the busy slots of a slot table whose value is `stale`; returns how many.

@@ -67,7 +67,12 @@ enum Cmd {
         soak_only: bool,
     },
     /// Boot a Debian 6.1 kernel under qemu (md, dm, brd, null_blk, kprobes) and run tracerd there.
-    VmTest,
+    VmTest {
+        /// Run only this scenario (smoke, dm, md, nullb, mp, host) and keep the console log,
+        /// without the assertions: for developing a scenario.
+        #[arg(long)]
+        scenario: Option<String>,
+    },
 }
 
 fn main() {
@@ -99,7 +104,12 @@ fn real_main() -> Result<()> {
         Cmd::Bench { seconds, rounds, soak_seconds, soak_only } => {
             bench::bench(bench::Options { seconds, rounds, soak_seconds, soak_only })
         }
-        Cmd::VmTest => {
+        Cmd::VmTest { scenario: Some(name) } => {
+            let log = vm::run_scenarios(Some(&name))?;
+            println!("scenario {name} ran; console log: {}", log.display());
+            Ok(())
+        }
+        Cmd::VmTest { scenario: None } => {
             let mut tally = Tally::default();
             vm_tests(&mut tally)?;
             println!("{} passed, {} failed", tally.passed, tally.failed);
@@ -215,7 +225,7 @@ fn test(unit_only: bool) -> Result<()> {
 
 /// Boots the Debian kernel with every scenario, then asserts on its console log.
 fn vm_tests(tally: &mut Tally) -> Result<()> {
-    let log = vm::run_scenarios()?;
+    let log = vm::run_scenarios(None)?;
     let mut cmd = cargo(None);
     cmd.args(["test", "--release", "-p", "tracerd-tests", "--test", "vm"]).env("TRACERD_VM_CONSOLE", &log);
     tally.run(&mut cmd, "VM tests (Debian kernel under qemu)")

@@ -34,7 +34,8 @@ const MUSL: &str = "x86_64-unknown-linux-musl";
 /// Debian's meta package; it depends on the concrete `linux-image-<abi>-amd64`.
 const KERNEL_META: &str = "linux-image-amd64";
 /// Modules the guest prologue loads (their dependencies come along, see [`VmKernel::module_files`]).
-pub const GUEST_MODULES: &[&str] = &["brd", "raid1", "dm-mod", "null_blk", "loop"];
+pub const GUEST_MODULES: &[&str] =
+    &["brd", "raid1", "dm-mod", "dm-multipath", "dm-round-robin", "null_blk", "loop"];
 /// Mount points the prologue mounts on.
 const GUEST_DIRS: &[&str] = &["proc", "sys", "dev", "tmp", "run", "sys/kernel/debug", "sys/kernel/tracing"];
 /// Userspace tools copied from the host with their shared libraries: (guest path, command).
@@ -731,22 +732,29 @@ printf "\nVM-BOOTED %s scenario=%s\n" "$(uname -r)" "$scenario"
 modprobe brd rd_nr=3 rd_size=65536 || vm_fail "modprobe brd"
 modprobe raid1 || vm_fail "modprobe raid1"
 modprobe dm-mod || vm_fail "modprobe dm-mod"
-# Six devices for the queue-depth scenario; timer completions keep requests in flight.
+modprobe dm-multipath || vm_fail "modprobe dm-multipath"
+modprobe dm-round-robin || vm_fail "modprobe dm-round-robin"
 modprobe loop || vm_fail "modprobe loop"
-modprobe null_blk nr_devices=6 irqmode=2 completion_nsec=50000000 hw_queue_depth=64 \
+# nullb0..5 for the queue-depth scenario, nullb6 under multipath; timer completions keep
+# requests in flight.
+modprobe null_blk nr_devices=7 irqmode=2 completion_nsec=50000000 hw_queue_depth=64 \
     || vm_fail "modprobe null_blk"
 # No udev in here: mdadm and dmsetup create their device nodes themselves.
 export MDADM_NO_UDEV=1 DM_DISABLE_UDEV=1
 mdadm --create /dev/md0 --run --force --level=1 --raid-devices=2 --metadata=1.2 --assume-clean \
     /dev/ram0 /dev/ram1 || vm_fail "mdadm --create /dev/md0"
 dmsetup create lin0 --table "0 131072 linear /dev/ram2 0" || vm_fail "dmsetup create lin0"
-for d in ram0 ram1 ram2 md0 dm-0 nullb0; do
+# Request-based dm: a one-path multipath device (dm-1) over nullb6.
+dmsetup create mp0 --table "0 131072 multipath 0 0 1 1 round-robin 0 1 1 /dev/nullb6 1" \
+    || vm_fail "dmsetup create mp0"
+for d in ram0 ram1 ram2 md0 dm-0 dm-1 nullb0 nullb6; do
     [ -b /dev/$d ] || vm_fail "/dev/$d is missing"
 done
 echo VM-SETUP-DONE
 
 {scenarios}
 echo VM-TEARDOWN
+dmsetup remove mp0
 dmsetup remove lin0
 mdadm --stop /dev/md0
 echo VM-DONE
@@ -787,9 +795,9 @@ fn step<T>(name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     result
 }
 
-/// Builds everything, boots the guest with every scenario, checks the chain worked, and
-/// returns the console log for the assertions in tests/tests/vm.rs.
-pub fn run_scenarios() -> Result<PathBuf> {
+/// Builds everything, boots the guest with every scenario (or only `only`, for development),
+/// checks the chain worked, and returns the console log for the assertions in tests/tests/vm.rs.
+pub fn run_scenarios(only: Option<&str>) -> Result<PathBuf> {
     let total = Instant::now();
     step("install VM packages", ensure_vm_packages)?;
     // Only the eBPF object: the static build below compiles tracerd itself.
@@ -813,8 +821,9 @@ pub fn run_scenarios() -> Result<PathBuf> {
         files.push(("/t/iogen".into(), bins[1].clone()));
         build_initramfs(&initramfs, &files, &guest_script(&(smoke_scenario() + &vm_scenarios::all())))
     })?;
-    let console =
-        step("boot the VM", || boot(&kernel, &initramfs, "scenario=all", Duration::from_secs(600)))?;
+    let console = step("boot the VM", || {
+        boot(&kernel, &initramfs, &format!("scenario={}", only.unwrap_or("all")), Duration::from_secs(600))
+    })?;
     let log = out_dir().join("tracerd-vm.log");
     eprintln!("xtask: vm-test: console log: {}", log.display());
 
@@ -832,6 +841,9 @@ pub fn run_scenarios() -> Result<PathBuf> {
         if !console.lines().any(|l| l == marker) {
             return Err(report(&format!("the guest never printed {marker}")));
         }
+    }
+    if only.is_some() {
+        return Ok(log);
     }
     let json = result_section(&console, "smoke").ok_or_else(|| report("no smoke result markers"))?;
     let status = console.lines().find_map(|l| l.strip_prefix("tracerd report exit status: ")).unwrap_or("?");

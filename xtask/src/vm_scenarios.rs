@@ -84,6 +84,28 @@ emit nullb_snoop"#,
     )
 }
 
+/// Request-based dm (multipath mp0 = dm-1 over nullb6): 100 reads, then 50 writes, at qd 1;
+/// then 400 reads at qd 8, where a clone's completion in a hard interrupt can land while the
+/// completion program runs in dm's soft interrupt (the kernel skips it: `recursion`).
+fn dm_multipath() -> String {
+    scenario(
+        "mp",
+        r#"trace_start mp_snoop snoop --json --device dm-1
+trace_start mp_report_json report --json --duration 600 --device dm-1
+/bin/iogen /dev/dm-1 read 100 4096 1
+/bin/iogen /dev/dm-1 write 50 4096 1
+sleep 1
+for t in mp_snoop mp_report_json; do trace_stop $t; done
+for t in mp_snoop mp_report_json; do emit $t; done
+trace_start mp8_snoop snoop --json --device dm-1
+trace_start mp8_report_json report --json --duration 600 --device dm-1
+/bin/iogen /dev/dm-1 read 400 4096 8
+sleep 1
+for t in mp8_snoop mp8_report_json; do trace_stop $t; done
+for t in mp8_snoop mp8_report_json; do emit $t; done"#,
+    )
+}
+
 /// The host-kernel integration tests (tests/tests/host_kernel.rs), on this second kernel. fio
 /// is not in the guest (its libraries are ~80 MB): that one test says so and skips.
 fn host_tests() -> String {
@@ -102,5 +124,5 @@ echo "VM-RESULT-END host_tests""#,
 
 /// Every scenario, in order.
 pub fn all() -> String {
-    [HELPERS.to_string(), dm_linear(), md_raid1(), null_blk(), host_tests()].concat()
+    [HELPERS.to_string(), dm_linear(), md_raid1(), null_blk(), dm_multipath(), host_tests()].concat()
 }
