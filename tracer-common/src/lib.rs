@@ -160,9 +160,9 @@ pub struct SubmitState {
 pub struct Settings {
     /// Non-zero when the submit-path kprobes are attached, so remaps can be linked.
     pub stacking: u32,
-    /// Records are committed without waking the reader (which polls on a timer) until this many
-    /// bytes wait in the ring buffer: a wakeup per record costs an IPI per IO.
-    pub wakeup_bytes: u32,
+    /// Records are committed without waking the reader (which polls on a timer); each CPU wakes
+    /// it on every this-many-th record: a wakeup per record costs an IPI per IO.
+    pub wakeup_records: u32,
     /// Non-zero when every device is traced: the per-bio device filter lookup is skipped.
     pub all_devices: u32,
     pub _pad: u32,
@@ -231,6 +231,8 @@ pub struct KernelLayout {
     pub queue_data_rq: u32,
     pub disk_major: u32,
     pub disk_first_minor: u32,
+    /// `struct task_struct.comm`.
+    pub task_comm: u32,
 }
 
 impl KernelLayout {
@@ -257,6 +259,7 @@ impl KernelLayout {
         queue_data_rq: 0,
         disk_major: 0,
         disk_first_minor: 0,
+        task_comm: 0,
     };
 }
 

@@ -15,12 +15,14 @@
 use core::{
     ffi::c_void,
     intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd},
-    ptr::read_volatile,
+    ptr::{read_volatile, write_volatile},
 };
 
 use aya_ebpf::{
     EbpfContext,
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, generated::bpf_get_current_task,
+    },
     macros::{btf_tracepoint, kprobe, kretprobe, map, raw_tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::{BtfTracePointContext, ProbeContext, RawTracePointContext, RetProbeContext},
@@ -52,7 +54,7 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(limits::RINGBUF_BYTES, 0);
 
 /// Start-up choices (read-only data).
 #[unsafe(no_mangle)]
-static SETTINGS: Settings = Settings { stacking: 0, wakeup_bytes: 0, all_devices: 0, _pad: 0 };
+static SETTINGS: Settings = Settings { stacking: 0, wakeup_records: 0, all_devices: 0, _pad: 0 };
 
 /// Lower bios remapped by a stacked device, until their Q. Key: lower `struct bio *`;
 /// value: the upper `struct bio *`.
@@ -63,13 +65,18 @@ static LINKS: HashMap<u64, u64> = HashMap::with_max_entries(limits::MAX_LINKS, 0
 #[map]
 static SUBMITTING: HashMap<u32, SubmitState> = HashMap::with_max_entries(limits::MAX_SUBMITTERS, 0);
 
+/// Records committed on this CPU since it last woke the reader.
+#[map]
+static SINCE_WAKEUP: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
 /// Lost events per reason (`tracer_common::lost`), per CPU.
 #[map]
 static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(lost::KERNEL_COUNT, 0);
 
 /// A kernel pointer as a plain number, for hashing and map keys. tp_btf programs hold typed
 /// pointers, on which the verifier allows no arithmetic but adding offsets; copying the value
-/// through bpf_probe_read_kernel yields a scalar.
+/// through bpf_probe_read_kernel yields a scalar. (Reading a spilled pointer back in halves is
+/// refused: "invalid size of register fill".) Each costs a helper call: compute a key once.
 #[inline(always)]
 fn scalar(ptr: u64) -> u64 {
     let spilled = ptr;
@@ -98,27 +105,14 @@ fn slot_get<V>(table: &Array<Slot<V>>, size: u32, key: u64) -> Option<*mut V> {
     slot_find(table, size, key).map(|slot| unsafe { &raw mut (*slot).value })
 }
 
-/// Copies the value out and frees the slot.
+/// The slot for `key`: its own if present (a pointer reused before its old entry was freed,
+/// after a missed completion, takes it over), else a free way of its set claimed atomically
+/// (CPUs insert concurrently). None when all ways are busy. The caller writes the value in
+/// place: a struct copy here compiles to a call of a byte-loop memcpy.
 #[inline(always)]
-fn slot_take<V: Copy>(table: &Array<Slot<V>>, size: u32, key: u64) -> Option<V> {
-    let slot = slot_find(table, size, key)?;
-    // SAFETY: array value pointer.
-    unsafe {
-        let value = (*slot).value;
-        (*slot).key = 0;
-        Some(value)
-    }
-}
-
-/// Stores `value` under `key`, claiming a free way of its set atomically (CPUs insert
-/// concurrently). False when all ways are busy.
-#[inline(always)]
-fn slot_put<V: Copy>(table: &Array<Slot<V>>, size: u32, key: u64, value: &V) -> bool {
-    // A pointer reused before its old entry was freed (a missed completion) takes it over.
-    if let Some(slot) = slot_find(table, size, key) {
-        // SAFETY: array value pointer.
-        unsafe { (*slot).value = *value };
-        return true;
+fn slot_claim<V>(table: &Array<Slot<V>>, size: u32, key: u64) -> Option<*mut V> {
+    if let Some(slot) = slot_get(table, size, key) {
+        return Some(slot);
     }
     let set = slot_set(key, size);
     for way in 0..SLOT_WAYS {
@@ -133,18 +127,50 @@ fn slot_put<V: Copy>(table: &Array<Slot<V>>, size: u32, key: u64, value: &V) -> 
             };
             if won {
                 // SAFETY: the slot is ours.
-                unsafe { (*slot).value = *value };
-                return true;
+                return Some(unsafe { &raw mut (*slot).value });
             }
         }
     }
-    false
+    None
 }
 
+/// Frees the slot holding `value` (a pointer from `slot_get`/`slot_claim`).
 #[inline(always)]
-fn layout() -> KernelLayout {
-    // SAFETY: a plain read of our own global; volatile so the loader's value is used.
-    unsafe { read_volatile(&LAYOUT) }
+fn slot_free<V>(value: *mut V) {
+    // SAFETY: `value` is the `value` field of a `Slot<V>` in an array map; `key` precedes it.
+    unsafe { *value.cast::<u64>().sub(1) = 0 };
+}
+
+/// Copies a `T` word by word. Volatile accesses keep LLVM from folding the loop back into a
+/// memcpy call, which on the BPF target is a byte loop.
+#[inline(always)]
+unsafe fn copy_words<T>(dst: *mut T, src: *const T) {
+    const { assert!(size_of::<T>() % 8 == 0 && align_of::<T>() == 8) };
+    let (d, s) = (dst.cast::<u64>(), src.cast::<u64>());
+    for i in 0..size_of::<T>() / 8 {
+        // SAFETY: both point at a whole, 8-aligned `T`.
+        unsafe { write_volatile(d.add(i), read_volatile(s.add(i))) };
+    }
+}
+
+/// Zeroes a `T` word by word (see [`copy_words`]).
+#[inline(always)]
+unsafe fn zero_words<T>(dst: *mut T) {
+    const { assert!(size_of::<T>() % 8 == 0 && align_of::<T>() == 8) };
+    let d = dst.cast::<u64>();
+    for i in 0..size_of::<T>() / 8 {
+        // SAFETY: `dst` points at a whole, 8-aligned `T`.
+        unsafe { write_volatile(d.add(i), 0) };
+    }
+}
+
+/// The layout the loader wrote. The pointer goes through a volatile read so the compiler
+/// neither folds the fields to the compiled-in zeros nor copies the whole struct per use.
+#[inline(always)]
+fn layout() -> &'static KernelLayout {
+    let layout = &raw const LAYOUT;
+    // SAFETY: a pointer to our own global, read back from the stack.
+    unsafe { &*read_volatile(&layout) }
 }
 
 #[inline(always)]
@@ -153,15 +179,36 @@ fn stacking() -> bool {
     unsafe { read_volatile(&SETTINGS) }.stacking != 0
 }
 
-/// Commit flags: no wakeup, unless the reader has fallen behind by `wakeup_bytes`.
+/// Commit flags: no wakeup, but for every `wakeup_records`-th record of a CPU. Asking the ring
+/// buffer how much data waits (BPF_RB_AVAIL_DATA) reads the reader's position, a cache line
+/// the reader's CPU writes: about 80 ns per record. A per-CPU count costs nothing shared.
 #[inline(always)]
 fn commit_flags() -> u64 {
     const BPF_RB_NO_WAKEUP: u64 = 1;
     const BPF_RB_FORCE_WAKEUP: u64 = 2;
-    const BPF_RB_AVAIL_DATA: u64 = 0;
     // SAFETY: a plain read of our own global.
-    let threshold = unsafe { read_volatile(&SETTINGS) }.wakeup_bytes as u64;
-    if EVENTS.query(BPF_RB_AVAIL_DATA) >= threshold { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP }
+    let threshold = unsafe { read_volatile(&SETTINGS) }.wakeup_records;
+    let Some(since) = SINCE_WAKEUP.get_ptr_mut(0) else { return BPF_RB_NO_WAKEUP };
+    // SAFETY: per-CPU slot, no concurrent writer.
+    unsafe {
+        *since += 1;
+        if *since < threshold {
+            return BPF_RB_NO_WAKEUP;
+        }
+        *since = 0;
+    }
+    BPF_RB_FORCE_WAKEUP
+}
+
+/// The current task's name: one read at `task_struct.comm` (bpf_get_current_comm copies it
+/// string-wise, at several times the cost, on every bio).
+#[inline(always)]
+fn current_comm(l: &KernelLayout) -> [u8; 16] {
+    // SAFETY: bpf_probe_read_kernel checks the address; the current task is live.
+    unsafe {
+        let task = bpf_get_current_task();
+        bpf_probe_read_kernel((task + l.task_comm as u64) as *const [u8; 16]).unwrap_or_default()
+    }
 }
 
 #[inline(always)]
@@ -265,29 +312,34 @@ fn is_traced(dev: u32) -> bool {
 fn on_bio_queue<M: Mem>(bio: u64) {
     let key = M::key(bio);
     let l = layout();
-    let dev = bio_dev::<M>(&l, bio);
+    let dev = bio_dev::<M>(l, bio);
     if !is_traced(dev) {
         return;
     }
-    let mut state = BioState {
-        queued_ns: unsafe { bpf_ktime_get_ns() },
-        sector: M::read(bio, l.bio_bi_sector),
-        dev,
-        pid: bpf_get_current_pid_tgid() as u32,
-        opf: M::read(bio, l.bio_bi_opf),
-        bytes: M::read(bio, l.bio_bi_size),
-        comm: bpf_get_current_comm().unwrap_or_default(),
-        ..BioState::default()
+    let Some(state) = slot_claim(&BIOS, limits::BIO_SLOTS, key) else {
+        count_lost(lost::BIO_MAP_FULL);
+        return;
     };
+    // SAFETY: our slot's value; every field is written.
+    let state = unsafe { &mut *state };
+    state.queued_ns = unsafe { bpf_ktime_get_ns() };
+    state.getrq_ns = 0;
+    state.sector = M::read(bio, l.bio_bi_sector);
+    state.submit_ns = 0;
+    state.personality_ns = 0;
+    state.dev = dev;
+    state.pid = bpf_get_current_pid_tgid() as u32;
+    state.opf = M::read(bio, l.bio_bi_opf);
+    state.bytes = M::read(bio, l.bio_bi_size);
+    state.flags = 0;
+    state.comm = current_comm(l);
+    state.parent = 0;
     if stacking() {
         // SAFETY: copy out of a map value.
         if let Some(parent) = unsafe { LINKS.get(&key) }.copied() {
             state.parent = parent;
             let _ = LINKS.remove(&key);
         }
-    }
-    if !slot_put(&BIOS, limits::BIO_SLOTS, key, &state) {
-        count_lost(lost::BIO_MAP_FULL);
     }
 }
 
@@ -301,41 +353,47 @@ fn on_getrq<M: Mem>(bio: u64) {
 fn on_split<M: Mem>(bio: u64) {
     // The split-off front part is chained to its parent: `bi_private` points at the parent bio.
     let l = layout();
-    let parent = M::key(M::read(bio, l.bio_bi_private));
-    // SAFETY: copy out of a map value.
-    let Some(mut state) = slot_find(&BIOS, limits::BIO_SLOTS, parent).map(|s| unsafe { (*s).value }) else {
+    let Some(parent) = slot_get(&BIOS, limits::BIO_SLOTS, M::key(M::read(bio, l.bio_bi_private))) else {
         return;
     };
-    state.flags |= flag::SPLIT;
-    if !slot_put(&BIOS, limits::BIO_SLOTS, M::key(bio), &state) {
+    let Some(state) = slot_claim(&BIOS, limits::BIO_SLOTS, M::key(bio)) else {
         count_lost(lost::BIO_MAP_FULL);
+        return;
+    };
+    // SAFETY: two slot values (distinct keys, so distinct slots).
+    unsafe {
+        copy_words(state, parent);
+        (*state).flags |= flag::SPLIT;
     }
 }
 
 fn on_bio_merge<M: Mem>(bio: u64) {
-    // SAFETY: copy out of a map value.
-    let Some(state) = slot_take(&BIOS, limits::BIO_SLOTS, M::key(bio)) else {
+    let Some(state) = slot_get(&BIOS, limits::BIO_SLOTS, M::key(bio)) else {
         return;
     };
-    let l = layout();
     let Some(mut entry) = EVENTS.reserve::<IoRecord>(0) else {
+        slot_free(state);
         count_lost(lost::RINGBUF_FULL);
         return;
     };
-    let mut rec = IoRecord {
-        kind: kind::MERGE,
-        flags: state.flags,
-        dev: state.dev,
-        cmd_flags: M::read(bio, l.bio_bi_opf),
-        bytes: M::read(bio, l.bio_bi_size),
-        sector: M::read(bio, l.bio_bi_sector),
-        pid: state.pid,
-        comm: state.comm,
-        ..IoRecord::default()
-    };
-    rec.ts[event::Q] = state.queued_ns;
-    rec.ts[event::M] = unsafe { bpf_ktime_get_ns() };
-    entry.write(rec);
+    let l = layout();
+    // SAFETY: the reserved entry is ours until submit; `state` is our slot until freed.
+    unsafe {
+        let rec = entry.as_mut_ptr();
+        zero_words(rec);
+        let (rec, state) = (&mut *rec, &*state);
+        rec.kind = kind::MERGE;
+        rec.flags = state.flags;
+        rec.dev = state.dev;
+        rec.cmd_flags = M::read(bio, l.bio_bi_opf);
+        rec.bytes = M::read(bio, l.bio_bi_size);
+        rec.sector = M::read(bio, l.bio_bi_sector);
+        rec.pid = state.pid;
+        rec.comm = state.comm;
+        rec.ts[event::Q] = state.queued_ns;
+        rec.ts[event::M] = bpf_ktime_get_ns();
+    }
+    slot_free(state);
     entry.submit(commit_flags());
 }
 
@@ -343,41 +401,45 @@ fn on_bio_merge<M: Mem>(bio: u64) {
 const FRONT_MERGES_FOLLOWED: u32 = 4;
 
 /// A request's record on first sight (I, D, or C for one never issued itself), taking its
-/// first bio's Q and G. Fills `rec` in place (the BPF stack is small).
-fn init_request_record<M: Mem>(l: &KernelLayout, rq: u64, disk: u32, rec: &mut IoRecord) {
+/// first bio's Q and G. `rec` (a slot value or a reserved ring-buffer entry) is filled in place:
+/// the BPF stack is small. `id` is the request's key.
+fn init_request_record<M: Mem>(l: &KernelLayout, rq: u64, id: u64, disk: u32, rec: *mut IoRecord) {
+    // SAFETY: `rec` is ours to fill.
+    unsafe { zero_words(rec) };
+    // SAFETY: as above.
+    let rec = unsafe { &mut *rec };
     rec.kind = kind::REQUEST;
     rec.disk = disk;
-    // Map keys stay on the stack: older kernels refuse ring-buffer memory as a key.
-    let id = M::key(rq);
     rec.id = id;
     // The first bio holds Q and G; a front merge puts the merged bio before it, so walk on.
     let mut bio: u64 = M::read(rq, l.rq_bio);
-    let mut first = None;
     for _ in 0..FRONT_MERGES_FOLLOWED {
         if bio == 0 {
             break;
         }
-        first = slot_take(&BIOS, limits::BIO_SLOTS, M::key(bio));
-        if first.is_some() {
+        if let Some(state) = slot_get(&BIOS, limits::BIO_SLOTS, M::key(bio)) {
+            // SAFETY: our slot's value until freed below.
+            let b = unsafe { &*state };
+            rec.ts[event::Q] = b.queued_ns;
+            rec.ts[event::G] = b.getrq_ns;
+            rec.dev = b.dev;
+            rec.pid = b.pid;
+            rec.comm = b.comm;
+            rec.flags = b.flags;
+            rec.parent = b.parent;
+            slot_free(state);
             break;
         }
         bio = M::read(bio, l.bio_bi_next);
     }
-    if let Some(b) = first {
-        rec.ts[event::Q] = b.queued_ns;
-        rec.ts[event::G] = b.getrq_ns;
-        rec.dev = b.dev;
-        rec.pid = b.pid;
-        rec.comm = b.comm;
-        rec.flags = b.flags;
-        rec.parent = b.parent;
-    }
     if stacking() {
-        // A clone request of request-based dm (multipath): linked at its remap.
+        // A clone request of request-based dm (multipath): linked at its remap. The key is a
+        // stack copy: older kernels refuse ring-buffer memory as a map key.
+        let key = id;
         // SAFETY: copy out of a map value.
-        if let Some(parent) = unsafe { LINKS.get(&id) }.copied() {
+        if let Some(parent) = unsafe { LINKS.get(&key) }.copied() {
             rec.parent = parent;
-            let _ = LINKS.remove(&id);
+            let _ = LINKS.remove(&key);
         }
     }
 }
@@ -417,7 +479,8 @@ fn missed_completion(state: *mut RequestState) -> bool {
 
 fn on_rq_insert<M: Mem>(rq: u64) {
     let now = unsafe { bpf_ktime_get_ns() };
-    if let Some(state) = slot_get(&REQUESTS, limits::REQUEST_SLOTS, M::key(rq)) {
+    let key = M::key(rq);
+    if let Some(state) = slot_get(&REQUESTS, limits::REQUEST_SLOTS, key) {
         if !missed_completion(state) {
             // SAFETY: map value pointer from a successful lookup.
             unsafe { (*state).record.ts[event::I] = now };
@@ -425,15 +488,19 @@ fn on_rq_insert<M: Mem>(rq: u64) {
         }
     }
     let l = layout();
-    let disk = rq_disk::<M>(&l, rq);
+    let disk = rq_disk::<M>(l, rq);
     if !is_traced(disk) {
         return;
     }
-    let mut state = RequestState::default();
-    init_request_record::<M>(&l, rq, disk, &mut state.record);
-    state.record.ts[event::I] = now;
-    if !slot_put(&REQUESTS, limits::REQUEST_SLOTS, state.record.id, &state) {
+    let Some(state) = slot_claim(&REQUESTS, limits::REQUEST_SLOTS, key) else {
         count_lost(lost::REQUEST_MAP_FULL);
+        return;
+    };
+    // SAFETY: our slot's value.
+    unsafe {
+        (*state).issued = 0;
+        init_request_record::<M>(l, rq, key, disk, &raw mut (*state).record);
+        (*state).record.ts[event::I] = now;
     }
 }
 
@@ -447,37 +514,38 @@ fn fill_issue<M: Mem>(l: &KernelLayout, rq: u64, rec: &mut IoRecord) {
 fn on_rq_issue<M: Mem>(rq: u64) {
     let now = unsafe { bpf_ktime_get_ns() };
     let l = layout();
-    if let Some(state) = slot_get(&REQUESTS, limits::REQUEST_SLOTS, M::key(rq)) {
+    let key = M::key(rq);
+    if let Some(state) = slot_get(&REQUESTS, limits::REQUEST_SLOTS, key) {
         if !missed_completion(state) {
             // SAFETY: map value pointer from a successful lookup.
             let state = unsafe { &mut *state };
             state.record.ts[event::D] = now;
-            fill_issue::<M>(&l, rq, &mut state.record);
+            fill_issue::<M>(l, rq, &mut state.record);
             state.record.queue_depth = add_in_flight(state.record.disk, 1);
             state.issued = 1;
             return;
         }
     }
     // First sight at D (direct dispatch): one device lookup serves the filter and the depth.
-    let disk = rq_disk::<M>(&l, rq);
+    let disk = rq_disk::<M>(l, rq);
     // (Tracing every device, a disk the daemon has not registered yet is traced without depth.)
     let dev = DEVICES.get_ptr_mut(&disk);
     if dev.is_none() && !is_traced(disk) {
         return;
     }
-    let mut state = RequestState::default();
-    init_request_record::<M>(&l, rq, disk, &mut state.record);
+    let Some(state) = slot_claim(&REQUESTS, limits::REQUEST_SLOTS, key) else {
+        count_lost(lost::REQUEST_MAP_FULL);
+        return;
+    };
+    // SAFETY: our slot's value.
+    let state = unsafe { &mut *state };
+    init_request_record::<M>(l, rq, key, disk, &raw mut state.record);
     state.record.ts[event::D] = now;
-    fill_issue::<M>(&l, rq, &mut state.record);
+    fill_issue::<M>(l, rq, &mut state.record);
+    state.issued = 0;
     if let Some(dev) = dev {
         state.record.queue_depth = add_in_flight_at(dev, 1);
         state.issued = 1;
-    }
-    if !slot_put(&REQUESTS, limits::REQUEST_SLOTS, state.record.id, &state) {
-        if let Some(dev) = dev {
-            add_in_flight_at(dev, -1);
-        }
-        count_lost(lost::REQUEST_MAP_FULL);
     }
 }
 
@@ -502,43 +570,47 @@ fn on_rq_complete<M: Mem>(rq: u64, error: u32, nr_bytes: u32) {
     if nr_bytes < remaining {
         return;
     }
-    let Some(slot) = slot_find(&REQUESTS, limits::REQUEST_SLOTS, M::key(rq)) else {
+    let key = M::key(rq);
+    let Some(state) = slot_get(&REQUESTS, limits::REQUEST_SLOTS, key) else {
         // Request-based dm ends an original request whose bytes its clone already completed
         // with a zero-byte completion and no bio left: nothing of it is open here.
         let bio: u64 = M::read(rq, l.rq_bio);
         if nr_bytes == 0 && bio == 0 {
             return;
         }
-        on_rq_complete_unissued::<M>(&l, rq, error);
+        on_rq_complete_unissued::<M>(l, rq, key, error);
         return;
     };
-    // SAFETY: array value pointer from a successful lookup.
-    let state = unsafe { &mut (*slot).value };
-    if state.record.flags & flag::CLONED != 0 && error == 0 && nr_bytes != 0 {
+    // SAFETY: our slot's value until freed below.
+    let s = unsafe { &*state };
+    if s.record.flags & flag::CLONED != 0 && error == 0 && nr_bytes != 0 {
         // The clone's data completed this request's bytes; dm ends it later (zero bytes).
         return;
     }
-    if state.issued != 0 {
-        add_in_flight(state.record.disk, -1);
+    if s.issued != 0 {
+        add_in_flight(s.record.disk, -1);
     }
     match EVENTS.reserve::<IoRecord>(0) {
         Some(mut entry) => {
             // Copied straight into the ring buffer: no second copy on the small BPF stack.
-            let rec = entry.write(state.record);
-            rec.ts[event::C] = unsafe { bpf_ktime_get_ns() };
-            rec.error = error;
+            let rec = entry.as_mut_ptr();
+            // SAFETY: the reserved entry is ours until submit.
+            unsafe {
+                copy_words(rec, &raw const s.record);
+                (*rec).ts[event::C] = bpf_ktime_get_ns();
+                (*rec).error = error;
+            }
             entry.submit(commit_flags());
         }
         None => count_lost(lost::RINGBUF_FULL),
     }
-    // SAFETY: as above; frees the slot.
-    unsafe { (*slot).key = 0 };
+    slot_free(state);
 }
 
 /// A request completed that was never inserted or issued itself (the flush machinery finishes
 /// the original request of an empty flush): its first bio's Q and G are still in their slot.
 /// With no start at all, the completion is counted as lost.
-fn on_rq_complete_unissued<M: Mem>(l: &KernelLayout, rq: u64, error: u32) {
+fn on_rq_complete_unissued<M: Mem>(l: &KernelLayout, rq: u64, key: u64, error: u32) {
     let disk = rq_disk::<M>(l, rq);
     if !is_traced(disk) {
         return;
@@ -547,10 +619,9 @@ fn on_rq_complete_unissued<M: Mem>(l: &KernelLayout, rq: u64, error: u32) {
         count_lost(lost::RINGBUF_FULL);
         return;
     };
+    init_request_record::<M>(l, rq, key, disk, entry.as_mut_ptr());
     // SAFETY: the reserved entry is ours until submit/discard.
     let rec = unsafe { &mut *entry.as_mut_ptr() };
-    *rec = IoRecord::default();
-    init_request_record::<M>(l, rq, disk, rec);
     if rec.ts[event::Q] == 0 {
         entry.discard(0);
         count_lost(lost::COMPLETE_WITHOUT_START);
@@ -606,7 +677,7 @@ fn on_queue_rq_enter<M: Mem>(queue_data: u64) {
     let sub = SubmitState {
         bio: rq,
         entered_ns: unsafe { bpf_ktime_get_ns() },
-        dev: rq_disk::<M>(&l, rq),
+        dev: rq_disk::<M>(l, rq),
         ..SubmitState::default()
     };
     let _ = SUBMITTING.insert(&thread_id(), &sub, 0);
@@ -630,35 +701,38 @@ fn on_queue_rq_exit() {
 /// bio-based device (md, dm, brd) or a bio that never became a request.
 fn on_bio_complete<M: Mem>(bio: u64) {
     let key = M::key(bio);
-    // SAFETY: copy out of a map value.
-    let Some(b) = slot_take(&BIOS, limits::BIO_SLOTS, key) else {
+    let Some(state) = slot_get(&BIOS, limits::BIO_SLOTS, key) else {
         return;
     };
-    let l = layout();
     let Some(mut entry) = EVENTS.reserve::<IoRecord>(0) else {
+        slot_free(state);
         count_lost(lost::RINGBUF_FULL);
         return;
     };
+    let l = layout();
     let status: u8 = M::read(bio, l.bio_bi_status);
-    let mut rec = IoRecord {
-        kind: kind::BIO,
-        flags: b.flags,
-        dev: b.dev,
-        cmd_flags: b.opf,
-        bytes: b.bytes,
-        sector: b.sector,
-        pid: b.pid,
-        comm: b.comm,
-        error: status as u32,
-        id: key,
-        parent: b.parent,
-        submit_ns: b.submit_ns,
-        personality_ns: b.personality_ns,
-        ..IoRecord::default()
-    };
-    rec.ts[event::Q] = b.queued_ns;
-    rec.ts[event::C] = unsafe { bpf_ktime_get_ns() };
-    entry.write(rec);
+    // SAFETY: the reserved entry is ours until submit; `state` is our slot until freed.
+    unsafe {
+        let rec = entry.as_mut_ptr();
+        zero_words(rec);
+        let (rec, b) = (&mut *rec, &*state);
+        rec.kind = kind::BIO;
+        rec.flags = b.flags;
+        rec.dev = b.dev;
+        rec.cmd_flags = b.opf;
+        rec.bytes = b.bytes;
+        rec.sector = b.sector;
+        rec.pid = b.pid;
+        rec.comm = b.comm;
+        rec.error = status as u32;
+        rec.id = key;
+        rec.parent = b.parent;
+        rec.submit_ns = b.submit_ns;
+        rec.personality_ns = b.personality_ns;
+        rec.ts[event::Q] = b.queued_ns;
+        rec.ts[event::C] = bpf_ktime_get_ns();
+    }
+    slot_free(state);
     entry.submit(commit_flags());
 }
 
@@ -668,7 +742,7 @@ fn on_submit_enter<M: Mem>(bio: u64) {
     let sub = SubmitState {
         bio,
         entered_ns: unsafe { bpf_ktime_get_ns() },
-        dev: bio_dev::<M>(&l, bio),
+        dev: bio_dev::<M>(l, bio),
         ..SubmitState::default()
     };
     // A full map only loses the submit time and the link, both visible as absent in the record.

@@ -28,6 +28,7 @@ pub fn resolve(btf: &Btf) -> Result<KernelLayout> {
         disk_major: off("gendisk", &["major"])?,
         disk_first_minor: off("gendisk", &["first_minor"])?,
         queue_data_rq: off("blk_mq_queue_data", &["rq"])?,
+        task_comm: off("task_struct", &["comm"])?,
         ..KernelLayout::ZERO
     };
     // 5.12 moved bio->bi_disk/bi_partno to bio->bi_bdev.
@@ -80,6 +81,7 @@ mod tests {
         );
         b.strukt("request_queue", 4, 64, &[("disk", u64t, 40)]);
         b.strukt("blk_mq_queue_data", 4, 16, &[("rq", u64t, 0), ("last", u32t, 8)]);
+        b.strukt("task_struct", 4, 4096, &[("comm", u64t, 3000)]);
         let mut rq = vec![
             ("q", u64t, 0),
             ("cmd_flags", u32t, 24),
@@ -103,6 +105,7 @@ mod tests {
         assert_eq!(l.queue_disk, 40);
         assert_eq!((l.bio_bi_sector, l.bio_bi_size, l.bio_bi_private), (32, 40, 64));
         assert_eq!((l.rq_cmd_flags, l.rq_data_len, l.rq_sector, l.rq_bio), (24, 44, 48, 56));
+        assert_eq!(l.task_comm, 3000);
     }
 
     #[test]

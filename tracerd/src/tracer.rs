@@ -89,6 +89,16 @@ fn raise_memlock() {
     }
 }
 
+/// Records per CPU between wakeups: all CPUs together wake the reader by the time a quarter
+/// of the ring buffer is in use, whichever CPUs produce.
+fn wakeup_records(ring_bytes: u32) -> u32 {
+    // Each record carries an 8-byte ring buffer header.
+    let record = std::mem::size_of::<tracer_common::IoRecord>() as u32 + 8;
+    // SAFETY: plain sysconf query.
+    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as u32;
+    (ring_bytes / 4 / record / cpus).max(1)
+}
+
 /// Kernel release (`uname -r`).
 pub fn kernel_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
@@ -105,7 +115,7 @@ impl Tracer {
         let ring_bytes = opts.ring_buffer_bytes.unwrap_or(limits::RINGBUF_BYTES);
         let settings = Settings {
             stacking: kprobes_available() as u32,
-            wakeup_bytes: ring_bytes / 4,
+            wakeup_records: wakeup_records(ring_bytes),
             all_devices: opts.all_devices as u32,
             _pad: 0,
         };
