@@ -36,6 +36,8 @@ pub fn iogen_bin() -> PathBuf {
     profile_dir.join("iogen")
 }
 
+pub mod prometheus;
+
 fn unique(prefix: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     format!("{prefix}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))

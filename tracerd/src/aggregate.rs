@@ -67,6 +67,33 @@ pub struct OpStats {
     /// Stacked devices: time inside the driver's submit function, and the md personality's.
     pub submit: Option<Box<StageHist>>,
     pub personality: Option<Box<StageHist>>,
+    /// Queue depth at issue of requests issued with one known.
+    pub queue_depth: QueueDepths,
+}
+
+/// Queue depths at issue in power-of-two buckets: bucket k counts depths in (2^(k-1), 2^k],
+/// the last one everything above 2^(QD_BUCKETS-2).
+pub const QD_BUCKETS: usize = 12;
+
+#[derive(Clone, Debug, Default)]
+pub struct QueueDepths {
+    pub buckets: [u64; QD_BUCKETS],
+    pub sum: u64,
+    pub count: u64,
+}
+
+impl QueueDepths {
+    /// Upper bound of bucket `k` (None for the last, unbounded one).
+    pub fn le(k: usize) -> Option<u32> {
+        (k < QD_BUCKETS - 1).then(|| 1 << k)
+    }
+
+    fn record(&mut self, depth: u32) {
+        let k = (depth.max(1).next_power_of_two().trailing_zeros() as usize).min(QD_BUCKETS - 1);
+        self.buckets[k] += 1;
+        self.sum += depth as u64;
+        self.count += 1;
+    }
 }
 
 /// Upper IOs' time against one lower device, by phase.
@@ -92,6 +119,7 @@ impl Default for OpStats {
             layers: BTreeMap::new(),
             submit: None,
             personality: None,
+            queue_depth: QueueDepths::default(),
         }
     }
 }
@@ -207,6 +235,9 @@ impl Aggregator {
             stats.bytes += rec.bytes as u64;
             stats.errors += (rec.error != 0) as u64;
             stats.paths[path_mask(rec)] += 1;
+            if rec.queue_depth != 0 {
+                stats.queue_depth.record(rec.queue_depth);
+            }
         }
         Stage::each_of(rec, |stage, ns| record_stage(&mut stats.stages, stage, ns));
         if by_qd && rec.queue_depth != 0 {
@@ -239,6 +270,20 @@ mod tests {
     }
 
     #[test]
+    fn queue_depth_buckets_are_powers_of_two() {
+        let mut q = QueueDepths::default();
+        for d in [1, 2, 3, 4, 5, 1024, 1025, 100_000] {
+            q.record(d);
+        }
+        assert_eq!(q.buckets[..4], [1, 1, 2, 1]);
+        assert_eq!((q.buckets[10], q.buckets[11]), (1, 2));
+        assert_eq!(
+            (QueueDepths::le(0), QueueDepths::le(10), QueueDepths::le(11)),
+            (Some(1), Some(1024), None)
+        );
+    }
+
+    #[test]
     fn counts_bytes_stages_and_paths() {
         let mut a = Aggregator::new(true);
         a.add(1, Op::Read, &request(1000, 5000, 105_000, 4096, 1), &[], |_| "loop0".into());
@@ -256,6 +301,8 @@ mod tests {
         assert_eq!(s.stage(Stage::G2d).unwrap().count(), 2);
         assert_eq!(s.paths[0b11011], 2);
         assert_eq!(s.by_qd.len(), 2);
+        assert_eq!((s.queue_depth.buckets[0], s.queue_depth.buckets[1]), (1, 1), "depth 1 and 2");
+        assert_eq!((s.queue_depth.sum, s.queue_depth.count), (3, 2));
         let max = s.by_qd[&2][Stage::D2c.index()].as_ref().unwrap().hist.max();
         assert!(max.abs_diff(200_000) <= 200, "3 significant digits: {max}");
     }

@@ -10,6 +10,7 @@ pub mod layers;
 pub mod layout;
 pub mod metrics;
 pub mod op;
+pub mod process;
 pub mod record;
 pub mod report;
 pub mod run;

@@ -4,10 +4,12 @@
 use std::fmt::Write;
 
 use crate::{
-    aggregate::{Aggregator, StageHist},
+    aggregate::{Aggregator, QueueDepths, StageHist},
     hooks::HookStatus,
     layers::Phase,
+    process::ProcessStats,
     stage::Stage,
+    tracer::ProgramTotals,
 };
 
 /// Bucket upper bounds (seconds): 1-2-5 steps from 1 µs to 50 s, then 60 s (the range top).
@@ -28,6 +30,8 @@ pub struct State {
     pub traced_devices: usize,
     /// Records read from the ring buffer (all devices, before filtering).
     pub records: u64,
+    /// The kernel's counters of tracerd's programs.
+    pub programs: ProgramTotals,
 }
 
 /// Escapes a label value (backslash, double quote, newline).
@@ -127,6 +131,28 @@ pub fn render(state: &State) -> String {
         }
     }
 
+    header(
+        &mut out,
+        "tracerd_io_queue_depth",
+        "histogram",
+        "Requests in flight on the disk when each request was issued (this one included).",
+    );
+    for (device, op, stats) in &series {
+        let q = &stats.queue_depth;
+        if q.count == 0 {
+            continue;
+        }
+        let labels = format!("device=\"{}\",op=\"{}\"", escape(device), op.as_str());
+        let mut cumulative = 0;
+        for (k, n) in q.buckets.iter().enumerate() {
+            cumulative += n;
+            let le = QueueDepths::le(k).map_or("+Inf".to_string(), |le| le.to_string());
+            let _ = writeln!(out, "tracerd_io_queue_depth_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+        }
+        let _ = writeln!(out, "tracerd_io_queue_depth_sum{{{labels}}} {}", q.sum);
+        let _ = writeln!(out, "tracerd_io_queue_depth_count{{{labels}}} {}", q.count);
+    }
+
     let counters: [Counter; 4] = [
         ("tracerd_io_requests_total", "Completed requests.", |s| s.requests),
         ("tracerd_io_bytes_total", "Bytes transferred by completed requests.", |s| s.bytes),
@@ -184,6 +210,42 @@ pub fn render(state: &State) -> String {
         let reason = escape(h.reason.as_deref().unwrap_or(""));
         let _ = writeln!(out, "tracerd_hook_skipped{{hook=\"{}\",reason=\"{reason}\"}} 1", h.hook);
     }
+    header(
+        &mut out,
+        "tracerd_bpf_run_seconds_total",
+        "counter",
+        "Time spent in tracerd's kernel programs; counted only while sysctl kernel.bpf_stats_enabled=1.",
+    );
+    let _ = writeln!(out, "tracerd_bpf_run_seconds_total {}", state.programs.run_ns as f64 / 1e9);
+    header(
+        &mut out,
+        "tracerd_bpf_runs_total",
+        "counter",
+        "Runs of tracerd's kernel programs; counted only while sysctl kernel.bpf_stats_enabled=1.",
+    );
+    let _ = writeln!(out, "tracerd_bpf_runs_total {}", state.programs.runs);
+    if let Some(p) = ProcessStats::read() {
+        let process: [(&str, &str, &str, f64); 4] = [
+            ("process_cpu_seconds_total", "counter", "User and system CPU time of tracerd.", p.cpu_seconds),
+            (
+                "process_resident_memory_bytes",
+                "gauge",
+                "Resident memory of tracerd.",
+                p.resident_bytes as f64,
+            ),
+            ("process_open_fds", "gauge", "Open file descriptors of tracerd.", p.open_fds as f64),
+            (
+                "process_start_time_seconds",
+                "gauge",
+                "Start time of tracerd, seconds since the Unix epoch.",
+                p.start_time_seconds,
+            ),
+        ];
+        for (name, kind, help, value) in process {
+            header(&mut out, name, kind, help);
+            let _ = writeln!(out, "{name} {value}");
+        }
+    }
     header(&mut out, "tracerd_build_info", "gauge", "tracerd version and the kernel it runs on.");
     let _ = writeln!(
         out,
@@ -217,7 +279,7 @@ mod tests {
                 reason: Some("not in this kernel".into()),
             },
         ];
-        State { agg, hooks, kernel: "6.18".into(), traced_devices: 1, records: 3 }
+        State { agg, hooks, kernel: "6.18".into(), traced_devices: 1, records: 3, ..Default::default() }
     }
 
     #[test]
@@ -254,7 +316,8 @@ mod tests {
                     || name.strip_prefix(f).is_some_and(|s| ["_bucket", "_sum", "_count"].contains(&s))),
                 "{name} undeclared"
             );
-            assert!(name.starts_with("tracerd_"));
+            // Ours, or the process_* family every Prometheus client exports.
+            assert!(name.starts_with("tracerd_") || name.starts_with("process_"), "{name}");
         }
     }
 

@@ -33,6 +33,7 @@ pub async fn run(listen: SocketAddr, selection: Selection, opts: LoadOptions) ->
         kernel: kernel_release(),
         traced_devices: session.resolved.kernel_devs.len(),
         records: 0,
+        programs: Default::default(),
     }));
     tokio::spawn(http::serve(listener, state.clone()));
     tracing::info!("metrics on http://{listen}/metrics");
@@ -53,9 +54,11 @@ pub async fn run(listen: SocketAddr, selection: Selection, opts: LoadOptions) ->
                 }
                 session.refresh_devices()?;
                 let lost = session.lost()?;
+                let programs = session.tracer.program_totals();
                 let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
                 st.agg.lost = lost;
                 st.records = session.records;
+                st.programs = programs;
                 st.traced_devices = session.resolved.kernel_devs.len();
             }
             _ = &mut shutdown => break,

@@ -102,7 +102,7 @@ impl Session {
         Ok(Lost {
             kernel: self.tracer.kernel_lost()?,
             orphaned_lower: self.layers.orphaned,
-            recursion: self.tracer.recursion_misses(),
+            recursion: self.tracer.program_totals().recursion_misses,
             ..self.own_lost
         })
     }

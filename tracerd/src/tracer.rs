@@ -206,15 +206,17 @@ impl Tracer {
         Ok(out)
     }
 
-    /// Program runs the kernel skipped, summed over tracerd's programs: a tracepoint program
-    /// that fires again on a CPU where it is already running (a completion in a hard interrupt
-    /// over one in a soft interrupt) is not run. 0 on kernels before 5.12, which do not count.
-    pub fn recursion_misses(&self) -> u64 {
+    /// Run statistics summed over tracerd's programs, from the kernel's per-program counters.
+    pub fn program_totals(&self) -> ProgramTotals {
         self.ebpf
             .programs()
             .filter_map(|(_, prog)| prog.fd().ok())
-            .map(|fd| prog_recursion_misses(fd.as_fd()))
-            .sum()
+            .filter_map(|fd| prog_info(fd.as_fd()))
+            .fold(ProgramTotals::default(), |t, info| ProgramTotals {
+                run_ns: t.run_ns + info.run_time_ns,
+                runs: t.runs + info.run_cnt,
+                recursion_misses: t.recursion_misses + info.recursion_misses,
+            })
     }
 
     /// Makes the kernel trace exactly `devs` (kernel `dev_t`s); keeps counters of kept devices.
@@ -243,8 +245,21 @@ impl Tracer {
     }
 }
 
-/// `recursion_misses` of one program (BPF_OBJ_GET_INFO_BY_FD; aya does not expose the field).
-fn prog_recursion_misses(fd: BorrowedFd<'_>) -> u64 {
+/// What the kernel counts for each of tracerd's programs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProgramTotals {
+    /// Time inside the programs and how many runs; counted only while the sysctl
+    /// kernel.bpf_stats_enabled is 1 (it costs a clock read per run, so it is off by default).
+    pub run_ns: u64,
+    pub runs: u64,
+    /// Runs the kernel skipped: a tracepoint program that fires again on a CPU where it is
+    /// already running (a completion in a hard interrupt over one in a soft interrupt) is not
+    /// run. 0 on kernels before 5.12, which do not count them.
+    pub recursion_misses: u64,
+}
+
+/// One program's bpf_prog_info (BPF_OBJ_GET_INFO_BY_FD; aya does not expose these fields).
+fn prog_info(fd: BorrowedFd<'_>) -> Option<aya_obj::generated::bpf_prog_info> {
     use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_prog_info};
     // SAFETY: both are plain C structs, valid when zeroed.
     let mut info: bpf_prog_info = unsafe { std::mem::zeroed() };
@@ -262,7 +277,7 @@ fn prog_recursion_misses(fd: BorrowedFd<'_>) -> u64 {
             std::mem::size_of::<bpf_attr>(),
         )
     };
-    if rc == 0 { info.recursion_misses } else { 0 }
+    (rc == 0).then_some(info)
 }
 
 /// Frees the busy slots of a slot table whose value is `stale`; returns how many.

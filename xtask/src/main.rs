@@ -111,7 +111,7 @@ fn real_main() -> Result<()> {
         }
         Cmd::VmTest { scenario: None } => {
             let mut tally = Tally::default();
-            vm_tests(&mut tally)?;
+            vm_tests(&mut tally, false)?;
             println!("{} passed, {} failed", tally.passed, tally.failed);
             Ok(())
         }
@@ -217,18 +217,27 @@ fn test(unit_only: bool) -> Result<()> {
     )?;
     if !unit_only {
         integration_tests(&mut tally)?;
-        vm_tests(&mut tally)?;
+        vm_tests(&mut tally, true)?;
     }
     println!("{} passed, {} failed", tally.passed, tally.failed);
     Ok(())
 }
 
-/// Boots the Debian kernel with every scenario, then asserts on its console log.
-fn vm_tests(tally: &mut Tally) -> Result<()> {
+/// Boots the Debian kernel with every scenario, then asserts on its console log. The dashboard
+/// test follows: it needs the guest's stacked-device exposition and the host kernel.
+fn vm_tests(tally: &mut Tally, with_dashboard: bool) -> Result<()> {
     let log = vm::run_scenarios(None)?;
     let mut cmd = cargo(None);
     cmd.args(["test", "--release", "-p", "tracerd-tests", "--test", "vm"]).env("TRACERD_VM_CONSOLE", &log);
-    tally.run(&mut cmd, "VM tests (Debian kernel under qemu)")
+    tally.run(&mut cmd, "VM tests (Debian kernel under qemu)")?;
+    if with_dashboard {
+        let mut cmd = cargo(None);
+        cmd.args(["test", "--release", "-p", "tracerd-tests", "--test", "dashboard", "--", "--nocapture"])
+            .env("TRACERD_VM_CONSOLE", &log)
+            .env("TRACERD_BIN", tracerd_bin());
+        tally.run(&mut cmd, "Grafana dashboard against Prometheus (host + VM expositions)")?;
+    }
+    Ok(())
 }
 
 fn integration_tests(tally: &mut Tally) -> Result<()> {
@@ -247,6 +256,8 @@ fn integration_tests(tally: &mut Tally) -> Result<()> {
         "--lib",
         "--test",
         "host_kernel",
+        "--test",
+        "prometheus",
         "--",
         "--test-threads=1",
     ])

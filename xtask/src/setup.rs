@@ -12,7 +12,7 @@ const LLVM: &str = "/usr/lib/llvm-22";
 /// What bpf-linker needs to build against Debian's LLVM 22.
 const LINKER_BUILD_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev", "zlib1g-dev"];
 /// What the integration tests drive IO and check with.
-const TEST_PACKAGES: &[&str] = &["fio", "util-linux", "fdisk", "cpio"];
+const TEST_PACKAGES: &[&str] = &["fio", "util-linux", "fdisk", "cpio", "prometheus"];
 
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -110,7 +110,16 @@ pub fn ensure(for_tests: bool) -> Result<()> {
     ensure_rust_src()?;
     ensure_bpf_linker()?;
     if for_tests {
+        let had_prometheus = package_installed("prometheus");
         apt_install(TEST_PACKAGES, "the integration tests")?;
+        if !had_prometheus {
+            // The tests run their own server on a free loopback port; where systemd started the
+            // package's service (on :9090), stop it again.
+            let _ = Command::new("systemctl")
+                .args(["disable", "--now", "prometheus"])
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
     }
     Ok(())
 }

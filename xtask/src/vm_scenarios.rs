@@ -33,14 +33,18 @@ emit() {
 fn dm_linear() -> String {
     scenario(
         "dm",
-        r#"trace_start dm_snoop snoop --json --device dm-0
+        r#"ip link set lo up
+trace_start dm_snoop snoop --json --device dm-0
 trace_start dm_report_json report --json --duration 600 --device dm-0
 trace_start dm_report_text report --duration 600 --device dm-0
+trace_start dm_agent run --listen 127.0.0.1:9560 --device dm-0
 /bin/iogen /dev/dm-0 read 300 4096 1
 /bin/iogen /dev/dm-0 write 200 4096 4
-sleep 1
-for t in dm_snoop dm_report_json dm_report_text; do trace_stop $t; done
-for t in dm_snoop dm_report_json dm_report_text; do emit $t; done"#,
+sleep 2
+# The agent's exposition, for the dashboard test on the host (stacked-device series).
+wget -q -O /tmp/dm_metrics.out http://127.0.0.1:9560/metrics 2> /tmp/dm_metrics.err
+for t in dm_snoop dm_report_json dm_report_text dm_agent; do trace_stop $t; done
+for t in dm_snoop dm_report_json dm_report_text dm_metrics; do emit $t; done"#,
     )
 }
 
