@@ -157,9 +157,23 @@ pub fn free_port() -> u16 {
 impl Tracerd {
     /// Starts `tracerd ARGS`, waiting until it has attached its programs.
     pub fn spawn(args: &[&str]) -> Tracerd {
+        Tracerd::spawn_under(&[], args)
+    }
+
+    /// Starts `WRAPPER... tracerd ARGS` (a wrapper that execs it, such as setpriv), waiting
+    /// until it has attached its programs.
+    pub fn spawn_under(wrapper: &[&str], args: &[&str]) -> Tracerd {
         let stdout = std::env::temp_dir().join(unique("tracerd-stdout"));
         let stderr = std::env::temp_dir().join(unique("tracerd-stderr"));
-        let child = Command::new(tracerd_bin())
+        let mut cmd = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(tracerd_bin());
+                c
+            }
+            None => Command::new(tracerd_bin()),
+        };
+        let child = cmd
             .args(args)
             .stdin(Stdio::null())
             .stdout(fs::File::create(&stdout).unwrap())

@@ -258,6 +258,8 @@ fn integration_tests(tally: &mut Tally) -> Result<()> {
         "host_kernel",
         "--test",
         "prometheus",
+        "--test",
+        "deploy",
         "--",
         "--test-threads=1",
     ])
