@@ -12,10 +12,47 @@ use crate::{
     stage::Stage,
 };
 
-/// Histogram range: 100 ns to 60 s at 3 significant digits.
+/// Default histogram range: 100 ns to 60 s at 3 significant digits.
 pub const LOWEST_NS: u64 = 100;
 pub const HIGHEST_NS: u64 = 60_000_000_000;
 pub const SIGFIG: u8 = 3;
+
+/// Range and precision of every latency histogram (config `[histogram]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HistogramRange {
+    pub lowest_ns: u64,
+    pub highest_ns: u64,
+    pub significant_digits: u8,
+}
+
+impl Default for HistogramRange {
+    fn default() -> HistogramRange {
+        HistogramRange { lowest_ns: LOWEST_NS, highest_ns: HIGHEST_NS, significant_digits: SIGFIG }
+    }
+}
+
+/// The range chosen at start-up (once; the default until then).
+static RANGE: std::sync::OnceLock<HistogramRange> = std::sync::OnceLock::new();
+
+/// Sets the histogram range for the rest of the run; false if it was already set.
+pub fn set_histogram_range(range: HistogramRange) -> bool {
+    RANGE.set(range).is_ok()
+}
+
+/// Bounds on the series kept (config `[series]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeriesLimits {
+    /// A vanished device's series are dropped after this long.
+    pub expire_after: std::time::Duration,
+    /// Devices with series at most; records of further devices are counted as lost.
+    pub max_devices: usize,
+}
+
+impl Default for SeriesLimits {
+    fn default() -> SeriesLimits {
+        SeriesLimits { expire_after: std::time::Duration::from_secs(300), max_devices: 1024 }
+    }
+}
 
 /// One stage's latency distribution, with the exact sum kept beside it.
 #[derive(Clone, Debug)]
@@ -26,7 +63,10 @@ pub struct StageHist {
 
 impl StageHist {
     fn new() -> Box<StageHist> {
-        let hist = Histogram::new_with_bounds(LOWEST_NS, HIGHEST_NS, SIGFIG).expect("valid bounds");
+        let r = RANGE.get().copied().unwrap_or_default();
+        // The config checked the bounds (lowest >= 1, highest >= 2 * lowest, 1..=5 digits).
+        let hist = Histogram::new_with_bounds(r.lowest_ns, r.highest_ns, r.significant_digits)
+            .expect("valid bounds");
         Box::new(StageHist { hist, sum_ns: 0 })
     }
 
@@ -144,12 +184,14 @@ pub struct Lost {
     pub decode_error: u64,
     /// Lower IOs of a stacked device whose upper IO was never seen to complete.
     pub orphaned_lower: u64,
+    /// Records of devices beyond `series.max_devices`.
+    pub series_limit: u64,
     /// Program runs the kernel skipped (nested on one CPU); each may have lost an event.
     pub recursion: u64,
 }
 
 impl Lost {
-    pub fn reasons(&self) -> [(&'static str, u64); 11] {
+    pub fn reasons(&self) -> [(&'static str, u64); 12] {
         [
             ("ringbuf_full", self.kernel[lost::RINGBUF_FULL as usize]),
             ("bio_map_full", self.kernel[lost::BIO_MAP_FULL as usize]),
@@ -162,6 +204,7 @@ impl Lost {
             ("decode_error", self.decode_error),
             ("orphaned_lower", self.orphaned_lower),
             ("recursion", self.recursion),
+            ("series_limit", self.series_limit),
         ]
     }
 
@@ -176,6 +219,7 @@ impl Lost {
         d.decode_error = d.decode_error.saturating_sub(base.decode_error);
         d.orphaned_lower = d.orphaned_lower.saturating_sub(base.orphaned_lower);
         d.recursion = d.recursion.saturating_sub(base.recursion);
+        d.series_limit = d.series_limit.saturating_sub(base.series_limit);
         d
     }
 }
@@ -187,11 +231,46 @@ pub struct Aggregator {
     /// Device names, taken when a device is first seen (they outlive the device in sysfs).
     pub names: HashMap<u32, String>,
     pub lost: Lost,
+    pub limits: SeriesLimits,
+    /// Records refused because `limits.max_devices` devices already have series.
+    pub over_limit: u64,
+    /// When each device with series was last seen present.
+    last_present: HashMap<u32, std::time::Instant>,
+    /// Devices whose series were dropped after they vanished.
+    pub expired_devices: u64,
 }
 
 impl Aggregator {
     pub fn new(by_qd: bool) -> Aggregator {
         Aggregator { by_qd, ..Default::default() }
+    }
+
+    pub fn with_limits(by_qd: bool, limits: SeriesLimits) -> Aggregator {
+        Aggregator { by_qd, limits, ..Default::default() }
+    }
+
+    /// Drops the series of devices absent from `present` for longer than the expiry; returns
+    /// how many devices went.
+    pub fn expire(&mut self, present: impl Fn(u32) -> bool, now: std::time::Instant) -> usize {
+        let devs: std::collections::HashSet<u32> = self.series.keys().map(|&(dev, _)| dev).collect();
+        let mut gone = Vec::new();
+        for dev in devs {
+            if present(dev) {
+                self.last_present.insert(dev, now);
+            } else {
+                let seen = *self.last_present.entry(dev).or_insert(now);
+                if now.duration_since(seen) >= self.limits.expire_after {
+                    gone.push(dev);
+                }
+            }
+        }
+        for dev in &gone {
+            self.series.retain(|&(d, _), _| d != *dev);
+            self.last_present.remove(dev);
+            self.names.remove(dev);
+        }
+        self.expired_devices += gone.len() as u64;
+        gone.len()
     }
 
     /// Adds one record for the traced device `dev`, with its layer splits (stacked devices);
@@ -204,6 +283,10 @@ impl Aggregator {
         layers: &[LayerSplit],
         name: impl Fn(u32) -> String,
     ) {
+        if !self.names.contains_key(&dev) && self.names.len() >= self.limits.max_devices {
+            self.over_limit += 1;
+            return;
+        }
         self.names.entry(dev).or_insert_with(|| name(dev));
         for split in layers {
             self.names.entry(split.lower).or_insert_with(|| name(split.lower));
@@ -267,6 +350,25 @@ mod tests {
         let mut r = IoRecord { kind: kind::REQUEST, bytes, queue_depth: qd, ..Default::default() };
         (r.ts[event::Q], r.ts[event::G], r.ts[event::D], r.ts[event::C]) = (q, q + 100, d, c);
         r
+    }
+
+    #[test]
+    fn series_are_bounded_and_vanished_devices_expire() {
+        use std::time::{Duration, Instant};
+        let limits = SeriesLimits { expire_after: Duration::from_secs(10), max_devices: 2 };
+        let mut a = Aggregator::with_limits(false, limits);
+        for dev in [1, 2, 3, 3] {
+            a.add(dev, Op::Read, &request(0, 10, 20, 512, 1), &[], |d| format!("dev{d}"));
+        }
+        assert_eq!((a.series.len(), a.over_limit), (2, 2), "the third device is refused and counted");
+        let t0 = Instant::now();
+        assert_eq!(a.expire(|d| d == 1, t0), 0, "dev2 just vanished");
+        assert_eq!(a.expire(|d| d == 1, t0 + Duration::from_secs(9)), 0);
+        assert_eq!(a.expire(|d| d == 1, t0 + Duration::from_secs(10)), 1);
+        assert!(a.series.keys().all(|&(d, _)| d == 1) && !a.names.contains_key(&2));
+        assert_eq!(a.expired_devices, 1);
+        a.add(3, Op::Read, &request(0, 10, 20, 512, 1), &[], |d| format!("dev{d}"));
+        assert_eq!(a.names.len(), 2, "room again after the expiry");
     }
 
     #[test]

@@ -28,21 +28,27 @@ pub struct TraceArgs {
     /// Without it, every block device is traced.
     #[arg(long = "device", short = 'd', value_name = "NAME")]
     pub devices: Vec<String>,
+    /// Never trace this device ("*" matches any run of characters: 'loop*'); repeatable.
+    #[arg(long = "exclude", value_name = "NAME")]
+    pub exclude: Vec<String>,
     /// Kernel ring buffer size in bytes (a power of two, at least one page).
     #[arg(long, value_name = "BYTES", value_parser = parse_ring_size)]
     pub ring_buffer_bytes: Option<u32>,
+    /// Settings file (TOML; every key in tracerd.example.toml). Flags win over it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run as an agent: trace until SIGINT/SIGTERM, serve Prometheus metrics.
     #[command(
-        after_help = "Example:\n  sudo tracerd run --listen 127.0.0.1:9560\n  curl -s 127.0.0.1:9560/metrics | grep tracerd_io_stage_seconds_count"
+        after_help = "Examples:\n  sudo tracerd run --listen 127.0.0.1:9560\n  curl -s 127.0.0.1:9560/metrics | grep tracerd_io_stage_seconds_count\n  sudo tracerd run --config /etc/tracerd/tracerd.toml --exclude 'loop*'"
     )]
     Run {
-        /// Address for /metrics and /healthz (loopback by default).
-        #[arg(long, default_value = DEFAULT_LISTEN, value_name = "ADDR:PORT")]
-        listen: SocketAddr,
+        /// Address for /metrics and /healthz [default: 127.0.0.1:9560, or the config's `listen`].
+        #[arg(long, value_name = "ADDR:PORT")]
+        listen: Option<SocketAddr>,
         #[command(flatten)]
         trace: TraceArgs,
     },

@@ -4,6 +4,7 @@
 pub mod aggregate;
 pub mod btf;
 pub mod cli;
+pub mod config;
 pub mod hooks;
 pub mod http;
 pub mod layers;

@@ -4,7 +4,9 @@ use anyhow::Result;
 use clap::Parser;
 
 use tracerd::{
+    aggregate,
     cli::{By, Cli, Command, TraceArgs},
+    config::{Config, Flags},
     report, run,
     selection::Selection,
     snoop,
@@ -27,26 +29,38 @@ fn main() {
     }
 }
 
-fn split(trace: TraceArgs) -> (Selection, LoadOptions) {
-    let all_devices = trace.devices.is_empty();
-    (
-        Selection { names: trace.devices },
-        LoadOptions { ring_buffer_bytes: trace.ring_buffer_bytes, all_devices },
-    )
+/// The settings of a tracing subcommand: flags over the config file over the defaults.
+fn settings(
+    trace: TraceArgs,
+    listen: Option<std::net::SocketAddr>,
+) -> Result<(Config, Selection, LoadOptions)> {
+    let flags = Flags {
+        listen,
+        ring_buffer_bytes: trace.ring_buffer_bytes,
+        devices: trace.devices,
+        exclude: trace.exclude,
+    };
+    let config = Config::load(trace.config.as_deref(), flags)?;
+    aggregate::set_histogram_range(config.histogram);
+    let selection = Selection { names: config.include.clone(), exclude: config.exclude.clone() };
+    // The kernel skips its device filter only when every device is traced.
+    let all_devices = config.include.is_empty() && config.exclude.is_empty();
+    let opts = LoadOptions { ring_buffer_bytes: config.ring_buffer_bytes, all_devices };
+    Ok((config, selection, opts))
 }
 
 async fn dispatch(command: Command) -> Result<()> {
     match command {
         Command::Run { listen, trace } => {
-            let (selection, opts) = split(trace);
-            run::run(listen, selection, opts).await
+            let (config, selection, opts) = settings(trace, listen)?;
+            run::run(config.listen, config.series, selection, opts).await
         }
         Command::Report { duration, json, by, trace } => {
-            let (selection, opts) = split(trace);
+            let (_, selection, opts) = settings(trace, None)?;
             report::report(duration, json, by == Some(By::Qd), selection, opts).await
         }
         Command::Snoop { json, duration, trace } => {
-            let (selection, opts) = split(trace);
+            let (_, selection, opts) = settings(trace, None)?;
             snoop::snoop(json, duration, selection, opts).await
         }
     }

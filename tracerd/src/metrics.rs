@@ -182,6 +182,13 @@ pub fn render(state: &State) -> String {
         let _ = writeln!(out, "tracerd_events_lost_total{{reason=\"{reason}\"}} {n}");
     }
 
+    header(
+        &mut out,
+        "tracerd_series_expired_total",
+        "counter",
+        "Devices whose series were dropped after the device vanished (config series.expire_after_s).",
+    );
+    let _ = writeln!(out, "tracerd_series_expired_total {}", state.agg.expired_devices);
     header(&mut out, "tracerd_records_total", "counter", "Records read from the kernel ring buffer.");
     let _ = writeln!(out, "tracerd_records_total {}", state.records);
     header(

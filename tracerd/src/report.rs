@@ -404,7 +404,7 @@ pub async fn report(
         eprint!("\r\x1b[K");
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let lost = session.lost()?.since(&base);
+    let lost = Lost { series_limit: agg.over_limit, ..session.lost()?.since(&base) };
     let hooks = session.tracer.hooks.clone();
     let topo = session.topo.clone();
     drop(session);

@@ -9,7 +9,7 @@ use std::{
 use anyhow::Result;
 
 use crate::{
-    aggregate::Aggregator,
+    aggregate::{Aggregator, Lost, SeriesLimits},
     http,
     metrics::State,
     selection::Selection,
@@ -22,13 +22,18 @@ const HOUSEKEEPING: Duration = Duration::from_secs(1);
 /// Stale in-flight entries are swept every this many housekeeping ticks.
 const SWEEP_EVERY: u64 = 30;
 
-pub async fn run(listen: SocketAddr, selection: Selection, opts: LoadOptions) -> Result<()> {
+pub async fn run(
+    listen: SocketAddr,
+    limits: SeriesLimits,
+    selection: Selection,
+    opts: LoadOptions,
+) -> Result<()> {
     // Bind first: a port in use fails before anything is loaded into the kernel.
     let listener = http::bind(listen).await?;
     let mut session = Session::start(selection, &opts)?;
     let ops = session.tracer.ops;
     let state = Arc::new(Mutex::new(State {
-        agg: Aggregator::new(false),
+        agg: Aggregator::with_limits(false, limits),
         hooks: session.tracer.hooks.clone(),
         kernel: kernel_release(),
         traced_devices: session.resolved.kernel_devs.len(),
@@ -56,7 +61,9 @@ pub async fn run(listen: SocketAddr, selection: Selection, opts: LoadOptions) ->
                 let lost = session.lost()?;
                 let programs = session.tracer.program_totals();
                 let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
-                st.agg.lost = lost;
+                st.agg.lost = Lost { series_limit: st.agg.over_limit, ..lost };
+                let topo = &session.topo;
+                st.agg.expire(|dev| topo.get(dev).is_some(), std::time::Instant::now());
                 st.records = session.records;
                 st.programs = programs;
                 st.traced_devices = session.resolved.kernel_devs.len();

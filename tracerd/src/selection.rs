@@ -8,12 +8,19 @@ use std::collections::{HashMap, HashSet};
 use anyhow::{Result, bail};
 use tracer_common::IoRecord;
 
-use crate::topology::{Device, Topology};
+use crate::{
+    config::name_matches,
+    topology::{Device, Topology},
+};
 
 #[derive(Clone, Debug, Default)]
 pub struct Selection {
-    /// Device names from `--device`; empty means every block device.
+    /// Device names from `--device` (or the config's `devices.include`); empty means every
+    /// block device.
     pub names: Vec<String>,
+    /// Devices never traced (`devices.exclude`, `--exclude`; `*` wildcards). An excluded disk
+    /// takes its partitions with it: their IO counts towards it.
+    pub exclude: Vec<String>,
 }
 
 /// A selection resolved against the current topology.
@@ -36,8 +43,11 @@ impl Selection {
                 r.disk_of.insert(d.dev, disk.dev);
             }
         }
+        let excluded = |d: &Device| {
+            self.exclude.iter().any(|p| name_matches(p, &d.name) || d.partition && name_matches(p, &d.disk))
+        };
         if self.names.is_empty() {
-            for d in topo.devices() {
+            for d in topo.devices().filter(|d| !excluded(d)) {
                 r.kernel_devs.insert(d.dev);
                 if !d.partition {
                     r.targets.insert(d.dev);
@@ -53,7 +63,10 @@ impl Selection {
                     topo.names().join(", ")
                 );
             };
-            for d in topo.with_lowers(&d.name) {
+            if excluded(d) {
+                bail!("device '{name}' is both named and excluded: drop it from one of the two");
+            }
+            for d in topo.with_lowers(&d.name).into_iter().filter(|d| !excluded(d)) {
                 r.add_named(topo, d);
             }
         }
@@ -116,9 +129,20 @@ mod tests {
     }
 
     #[test]
+    fn excluded_disks_take_their_partitions() {
+        let (t, _d) = topo();
+        let r = Selection { exclude: vec!["loop0".into()], ..Default::default() }.resolve(&t).unwrap();
+        assert_eq!(r.kernel_devs, HashSet::from([kernel_dev(7, 1)]));
+        let r = Selection { exclude: vec!["loop*".into()], ..Default::default() }.resolve(&t).unwrap();
+        assert!(r.kernel_devs.is_empty());
+        let named = Selection { names: vec!["loop1".into()], exclude: vec!["loop*".into()] };
+        assert!(named.resolve(&t).unwrap_err().to_string().contains("both named and excluded"));
+    }
+
+    #[test]
     fn a_named_partition_is_its_own_series() {
         let (t, _d) = topo();
-        let r = Selection { names: vec!["loop0p1".into()] }.resolve(&t).unwrap();
+        let r = Selection { names: vec!["loop0p1".into()], ..Default::default() }.resolve(&t).unwrap();
         let (loop0, p1) = (kernel_dev(7, 0), kernel_dev(259, 0));
         assert!(r.kernel_devs.contains(&loop0) && r.kernel_devs.contains(&p1));
         assert_eq!(r.target_of(&rec(loop0, p1)), Some(p1));
@@ -134,7 +158,7 @@ mod tests {
             &[("md0", "9:0", &["ram0", "ram1"], None, Some("raid1"))],
         );
         let t = Topology::scan_root(&dir.0).unwrap();
-        let r = Selection { names: vec!["md0".into()] }.resolve(&t).unwrap();
+        let r = Selection { names: vec!["md0".into()], ..Default::default() }.resolve(&t).unwrap();
         let want: HashSet<u32> = [kernel_dev(9, 0), kernel_dev(1, 0), kernel_dev(1, 1)].into();
         assert_eq!(r.kernel_devs, want);
         assert_eq!(r.target_of(&rec(0, kernel_dev(1, 1))), Some(kernel_dev(1, 1)));
@@ -144,7 +168,10 @@ mod tests {
     #[test]
     fn unknown_devices_are_refused_with_the_known_list() {
         let (t, _d) = topo();
-        let err = Selection { names: vec!["sdz".into()] }.resolve(&t).unwrap_err().to_string();
+        let err = Selection { names: vec!["sdz".into()], ..Default::default() }
+            .resolve(&t)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("unknown block device 'sdz'") && err.contains("loop0, loop0p1, loop1"), "{err}");
     }
 }

@@ -1,0 +1,260 @@
+//! The config file (TOML): every setting, documented in `tracerd.example.toml`. Command-line
+//! flags win over the file, the file over the defaults. Bad values are refused at start with
+//! the key and the reason; unknown keys too (a typo must not silently fall back to a default).
+
+use std::{net::SocketAddr, path::Path, time::Duration};
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+
+use crate::{
+    aggregate::{HistogramRange, SeriesLimits},
+    cli::DEFAULT_LISTEN,
+};
+
+/// The file as written: every key optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct File {
+    pub listen: Option<String>,
+    pub ring_buffer_bytes: Option<u64>,
+    #[serde(default)]
+    pub devices: DevicesSection,
+    #[serde(default)]
+    pub histogram: HistogramSection,
+    #[serde(default)]
+    pub series: SeriesSection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DevicesSection {
+    pub include: Option<Vec<String>>,
+    pub exclude: Option<Vec<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistogramSection {
+    pub lowest_ns: Option<u64>,
+    pub highest_ns: Option<u64>,
+    pub significant_digits: Option<u8>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeriesSection {
+    pub expire_after_s: Option<u64>,
+    pub max_devices: Option<usize>,
+}
+
+/// What the command line says (None / empty: not given).
+#[derive(Debug, Default, Clone)]
+pub struct Flags {
+    pub listen: Option<SocketAddr>,
+    pub ring_buffer_bytes: Option<u32>,
+    pub devices: Vec<String>,
+    pub exclude: Vec<String>,
+}
+
+/// Every setting, resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub listen: SocketAddr,
+    /// None keeps the built-in size.
+    pub ring_buffer_bytes: Option<u32>,
+    /// Devices to trace; empty means every block device.
+    pub include: Vec<String>,
+    /// Devices never traced (kernel names; `*` matches any run of characters).
+    pub exclude: Vec<String>,
+    pub histogram: HistogramRange,
+    pub series: SeriesLimits,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            listen: DEFAULT_LISTEN.parse().expect("valid default"),
+            ring_buffer_bytes: None,
+            include: Vec::new(),
+            exclude: Vec::new(),
+            histogram: HistogramRange::default(),
+            series: SeriesLimits::default(),
+        }
+    }
+}
+
+impl Config {
+    /// Reads `path` (if given) and lays `flags` over it.
+    pub fn load(path: Option<&Path>, flags: Flags) -> Result<Config> {
+        let Some(p) = path else { return resolve(File::default(), flags) };
+        let bytes =
+            std::fs::read(p).with_context(|| format!("cannot read the config file {}", p.display()))?;
+        let text = String::from_utf8(bytes).map_err(|_| {
+            anyhow::anyhow!("config file {}: not a valid tracerd config: it is not UTF-8 text", p.display())
+        })?;
+        parse(&text)
+            .and_then(|file| resolve(file, flags))
+            .with_context(|| format!("config file {}", p.display()))
+    }
+}
+
+/// Parses the TOML text (syntax, types and unknown keys).
+pub fn parse(text: &str) -> Result<File> {
+    toml::from_str(text).map_err(|e| {
+        anyhow::anyhow!("{}", e.to_string().trim_end())
+            .context("not a valid tracerd config (see tracerd.example.toml for every key)")
+    })
+}
+
+/// Checks every value and lays the flags over the file over the defaults.
+pub fn resolve(file: File, flags: Flags) -> Result<Config> {
+    let d = Config::default();
+    let listen = match (flags.listen, file.listen) {
+        (Some(a), _) => a,
+        (None, Some(s)) => s.parse().map_err(|_| {
+            anyhow::anyhow!("listen = \"{s}\": not an address and port (for example \"127.0.0.1:9560\")")
+        })?,
+        (None, None) => d.listen,
+    };
+    let ring_buffer_bytes = match (flags.ring_buffer_bytes, file.ring_buffer_bytes) {
+        (Some(b), _) => Some(b),
+        (None, Some(b)) => Some(ring_size(b)?),
+        (None, None) => None,
+    };
+    let include =
+        if flags.devices.is_empty() { file.devices.include.unwrap_or_default() } else { flags.devices };
+    let mut exclude = file.devices.exclude.unwrap_or_default();
+    exclude.extend(flags.exclude);
+    for (key, names) in [("devices.include", &include), ("devices.exclude", &exclude)] {
+        if let Some(bad) =
+            names.iter().find(|n| n.trim().is_empty() || n.contains('/') && !n.starts_with("/dev/"))
+        {
+            bail!("{key} has \"{bad}\": give kernel device names such as loop0 or nvme0n1");
+        }
+    }
+    if let Some(both) = include.iter().find(|n| exclude.iter().any(|p| name_matches(p, n))) {
+        bail!("device \"{both}\" is both included and excluded (devices.include, devices.exclude)");
+    }
+    let h = &file.histogram;
+    let histogram = HistogramRange {
+        lowest_ns: h.lowest_ns.unwrap_or(d.histogram.lowest_ns),
+        highest_ns: h.highest_ns.unwrap_or(d.histogram.highest_ns),
+        significant_digits: h.significant_digits.unwrap_or(d.histogram.significant_digits),
+    };
+    if histogram.lowest_ns == 0 {
+        bail!("histogram.lowest_ns = 0: must be at least 1 (ns)");
+    }
+    if histogram.highest_ns < 2 * histogram.lowest_ns {
+        bail!(
+            "histogram.highest_ns = {}: must be at least twice histogram.lowest_ns ({})",
+            histogram.highest_ns,
+            histogram.lowest_ns
+        );
+    }
+    if !(1..=5).contains(&histogram.significant_digits) {
+        bail!("histogram.significant_digits = {}: must be 1 to 5", histogram.significant_digits);
+    }
+    let s = &file.series;
+    let series = SeriesLimits {
+        expire_after: Duration::from_secs(s.expire_after_s.unwrap_or(d.series.expire_after.as_secs())),
+        max_devices: s.max_devices.unwrap_or(d.series.max_devices),
+    };
+    if series.expire_after.is_zero() {
+        bail!("series.expire_after_s = 0: must be at least 1 (seconds)");
+    }
+    if !(1..=65_536).contains(&series.max_devices) {
+        bail!("series.max_devices = {}: must be 1 to 65536", series.max_devices);
+    }
+    Ok(Config { listen, ring_buffer_bytes, include, exclude, histogram, series })
+}
+
+/// A ring buffer size the kernel accepts: a power of two, at least a page.
+pub fn ring_size(bytes: u64) -> Result<u32> {
+    match u32::try_from(bytes) {
+        Ok(b) if b >= 4096 && b.is_power_of_two() => Ok(b),
+        _ => bail!("ring_buffer_bytes = {bytes}: must be a power of two from 4096 to 2147483648"),
+    }
+}
+
+/// Whether a device name matches a pattern (`*` matches any run of characters; a leading
+/// `/dev/` is ignored on both).
+pub fn name_matches(pattern: &str, name: &str) -> bool {
+    fn go(p: &[u8], n: &[u8]) -> bool {
+        match p.split_first() {
+            None => n.is_empty(),
+            Some((b'*', rest)) => (0..=n.len()).any(|i| go(rest, &n[i..])),
+            Some((c, rest)) => n.first() == Some(c) && go(rest, &n[1..]),
+        }
+    }
+    let strip = |s: &str| s.strip_prefix("/dev/").unwrap_or(s).to_owned();
+    go(strip(pattern).as_bytes(), strip(name).as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn from(text: &str) -> Result<Config> {
+        resolve(parse(text)?, Flags::default())
+    }
+
+    fn err(text: &str) -> String {
+        format!("{:#}", from(text).unwrap_err())
+    }
+
+    #[test]
+    fn the_example_file_is_valid_and_says_the_defaults() {
+        let text = include_str!("../../tracerd.example.toml");
+        let c = from(text).unwrap();
+        assert_eq!(c.listen, Config::default().listen);
+        assert_eq!(c.histogram, HistogramRange::default());
+        assert_eq!(c.series, SeriesLimits::default());
+        assert_eq!(c.ring_buffer_bytes, Some(8 << 20));
+    }
+
+    #[test]
+    fn flags_win_over_the_file_over_the_defaults() {
+        let file =
+            parse("listen = \"127.0.0.1:1\"\nring_buffer_bytes = 65536\n[devices]\ninclude = [\"loop0\"]\n")
+                .unwrap();
+        let flags = Flags {
+            listen: Some("127.0.0.1:2".parse().unwrap()),
+            devices: vec!["loop1".into()],
+            ..Flags::default()
+        };
+        let c = resolve(file, flags).unwrap();
+        assert_eq!((c.listen.port(), c.ring_buffer_bytes, c.include), (2, Some(65536), vec!["loop1".into()]));
+        assert_eq!(from("").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn bad_values_name_the_key_and_the_reason() {
+        assert!(err("lisen = \"x\"").contains("unknown field `lisen`"), "{}", err("lisen = \"x\""));
+        assert!(err("[series]\nmax_devices = 0").contains("series.max_devices = 0: must be 1 to 65536"));
+        assert!(err("[series]\nexpire_after_s = 0").contains("series.expire_after_s = 0"));
+        assert!(err("ring_buffer_bytes = 5000").contains("ring_buffer_bytes = 5000: must be a power of two"));
+        assert!(err("listen = \"nowhere\"").contains("listen = \"nowhere\": not an address"));
+        assert!(err("[histogram]\nlowest_ns = 100\nhighest_ns = 150").contains("histogram.highest_ns = 150"));
+        assert!(err("[histogram]\nsignificant_digits = 7").contains("histogram.significant_digits = 7"));
+        assert!(
+            err("[devices]\ninclude = [\"loop0\"]\nexclude = [\"loop*\"]")
+                .contains("both included and excluded")
+        );
+        assert!(
+            err("ring_buffer_bytes = \"big\"").contains("invalid type"),
+            "{}",
+            err("ring_buffer_bytes = \"big\"")
+        );
+        assert!(err("listen = ").contains("not a valid tracerd config"));
+    }
+
+    #[test]
+    fn patterns() {
+        assert!(name_matches("loop*", "loop12"));
+        assert!(name_matches("/dev/sda", "sda"));
+        assert!(name_matches("*p1", "nvme0n1p1"));
+        assert!(!name_matches("loop*", "nvme0n1"));
+        assert!(!name_matches("sda", "sda1"));
+    }
+}
