@@ -1,6 +1,6 @@
 //! Command line (clap). Every subcommand's help ends with an example.
 
-use std::net::SocketAddr;
+use std::{net::SocketAddr, path::PathBuf};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -48,7 +48,7 @@ pub enum Command {
     },
     /// Capture for a while, then print per-device, per-operation stage tables.
     #[command(
-        after_help = "Examples:\n  sudo tracerd report --duration 10\n  sudo tracerd report --device nvme0n1 --by qd\n  sudo tracerd report --duration 5 --json > capture.json"
+        after_help = "Examples:\n  sudo tracerd report --duration 10\n  sudo tracerd report --device nvme0n1 --by qd\n  sudo tracerd report --duration 5 --json > capture.json\n  sudo tracerd report --device nvme0n1 --save before.json"
     )]
     Report {
         /// Capture length in seconds (SIGINT ends it early and still reports).
@@ -60,6 +60,10 @@ pub enum Command {
         /// Split each table by this dimension.
         #[arg(long, value_enum)]
         by: Option<By>,
+        /// Also save the capture (every histogram, kernel, host, devices, duration) to FILE,
+        /// for `tracerd diff`.
+        #[arg(long, value_name = "FILE")]
+        save: Option<PathBuf>,
         #[command(flatten)]
         trace: TraceArgs,
     },
@@ -103,6 +107,7 @@ fn parse_ring_size(s: &str) -> Result<u32, String> {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+    use std::path::Path;
 
     #[test]
     fn cli_is_consistent_and_validates() {
@@ -119,5 +124,7 @@ mod tests {
             }
             _ => panic!("wrong subcommand"),
         }
+        let cli = Cli::try_parse_from(["tracerd", "report", "--save", "a.json"]).unwrap();
+        assert!(matches!(cli.command, Command::Report { save: Some(p), .. } if p == Path::new("a.json")));
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod aggregate;
 pub mod btf;
+pub mod capture;
 pub mod cli;
 pub mod hooks;
 pub mod http;

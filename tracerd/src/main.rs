@@ -41,9 +41,9 @@ async fn dispatch(command: Command) -> Result<()> {
             let (selection, opts) = split(trace);
             run::run(listen, selection, opts).await
         }
-        Command::Report { duration, json, by, trace } => {
+        Command::Report { duration, json, by, save, trace } => {
             let (selection, opts) = split(trace);
-            report::report(duration, json, by == Some(By::Qd), selection, opts).await
+            report::report(duration, json, by == Some(By::Qd), save.as_deref(), selection, opts).await
         }
         Command::Snoop { json, duration, trace } => {
             let (selection, opts) = split(trace);
