@@ -5,6 +5,7 @@ pub mod aggregate;
 pub mod btf;
 pub mod capture;
 pub mod cli;
+pub mod diff;
 pub mod hooks;
 pub mod http;
 pub mod layers;

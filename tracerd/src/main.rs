@@ -5,7 +5,7 @@ use clap::Parser;
 
 use tracerd::{
     cli::{By, Cli, Command, TraceArgs},
-    report, run,
+    diff, report, run,
     selection::Selection,
     snoop,
     tracer::LoadOptions,
@@ -49,5 +49,6 @@ async fn dispatch(command: Command) -> Result<()> {
             let (selection, opts) = split(trace);
             snoop::snoop(json, duration, selection, opts).await
         }
+        Command::Diff { a, b, json } => diff::diff(&a, &b, json),
     }
 }
