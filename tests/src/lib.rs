@@ -109,6 +109,34 @@ impl Drop for LoopDevice {
     }
 }
 
+/// A directory under the system temp dir, removed with its files on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new() -> TempDir {
+        let dir = std::env::temp_dir().join(unique("tracerd-test-dir"));
+        fs::create_dir_all(&dir).expect("temp dir");
+        TempDir(dir)
+    }
+
+    /// A path in the directory, as a string for command lines.
+    pub fn file(&self, name: &str) -> String {
+        self.0.join(name).to_str().expect("UTF-8 temp path").to_owned()
+    }
+}
+
+impl Default for TempDir {
+    fn default() -> Self {
+        TempDir::new()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
 /// What iogen did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Workload {

@@ -4,7 +4,10 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use serde_json::Value;
-use tracerd_tests::{LoopDevice, Metrics, Tracerd, Workload, eventually, require_root, tracerd_output};
+use tracerd::{capture::Capture, stage::Stage};
+use tracerd_tests::{
+    LoopDevice, Metrics, TempDir, Tracerd, Workload, eventually, require_root, tracerd_output,
+};
 
 const QD1_AND_QD16: [Workload; 4] = [
     Workload { write: true, count: 300, size: 4096, qd: 1 },
@@ -260,6 +263,121 @@ fn fio_and_tracerd_agree_io_for_io() {
     assert_eq!(m.get("tracerd_io_bytes_total", &[("device", &dev.name), ("op", "read")]) as u64, fio_bytes);
 }
 
+/// `report --save FILE` while `w` runs on `dev`; ended by SIGINT once the IO is done.
+fn save_capture(dev: &LoopDevice, file: &str, w: Workload) {
+    let mut report = Tracerd::spawn(&["report", "--duration", "60", "--device", &dev.name, "--save", file]);
+    w.run(dev);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(report.stop(libc::SIGINT).success(), "report --save failed:\n{}", report.stderr_text());
+    assert!(report.stderr_text().contains("capture saved to"), "{}", report.stderr_text());
+}
+
+fn find<'a>(list: &'a Value, key: &str, value: &str) -> &'a Value {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v[key] == value)
+        .unwrap_or_else(|| panic!("no {value} in {list}"))
+}
+
+#[test]
+fn diff_of_saved_captures_at_qd1_and_qd32_matches_the_captures() {
+    require_root();
+    const N: u64 = 5000;
+    let dev = LoopDevice::new(128);
+    let dir = TempDir::new();
+    let (a, b) = (dir.file("qd1.json"), dir.file("qd32.json"));
+    save_capture(&dev, &a, Workload { write: false, count: N, size: 4096, qd: 1 });
+    save_capture(&dev, &b, Workload { write: false, count: N, size: 4096, qd: 32 });
+
+    let (status, out, err) = tracerd_output(&["diff", &a, &b, "--json"]);
+    assert!(status.success(), "diff failed: {err}");
+    let diff: Value = serde_json::from_str(&out).expect("diff --json is JSON");
+    assert_eq!(diff["a"]["file"], a.as_str());
+    assert_eq!(diff["kernels_differ"], false);
+    let read = find(&find(&diff["devices"], "device", &dev.name)["ops"], "op", "read");
+    assert_eq!((read["requests_a"].as_u64(), read["requests_b"].as_u64()), (Some(N), Some(N)));
+
+    // Every number in the diff is the captures' own.
+    let (ca, cb) = (Capture::load(a.as_ref()).unwrap(), Capture::load(b.as_ref()).unwrap());
+    let read_of = |c: &Capture| {
+        let d = c.devices.iter().find(|d| d.device == dev.name).expect("device in capture");
+        d.ops.iter().find(|o| o.op == tracerd::op::Op::Read).expect("reads in capture").clone()
+    };
+    let (ra, rb) = (read_of(&ca), read_of(&cb));
+    assert_eq!((ra.requests, rb.requests, ra.bytes), (N, N, N * 4096));
+    let stages = read["stages"].as_array().unwrap();
+    for s in stages {
+        let stage: Stage = serde_json::from_value(s["stage"].clone()).unwrap();
+        let (ha, hb) = (&ra.stages[&stage], &rb.stages[&stage]);
+        assert_eq!((s["count_a"].as_u64(), s["count_b"].as_u64()), (Some(ha.count), Some(hb.count)));
+        let (ha, hb) = (ha.histogram(), hb.histogram());
+        for q in s["quantiles"].as_array().unwrap() {
+            let quantile = q["quantile"].as_f64().unwrap();
+            for (h, value, interval) in
+                [(&ha, &q["a_s"], &q["a_interval_s"]), (&hb, &q["b_s"], &q["b_interval_s"])]
+            {
+                let v = value.as_f64().unwrap();
+                assert_eq!(v, h.value_at_quantile(quantile) as f64 / 1e9, "{stage:?} {q}");
+                assert!(interval[0].as_f64().unwrap() <= v && v <= interval[1].as_f64().unwrap(), "{q}");
+            }
+            // The flag follows the noise rule: judged with enough samples, set where the
+            // intervals do not overlap.
+            let (ia, ib) = (&q["a_interval_s"], &q["b_interval_s"]);
+            let apart = ia[1].as_f64() < ib[0].as_f64() || ib[1].as_f64() < ia[0].as_f64();
+            let judged =
+                tracerd::diff::enough(ha.len(), quantile) && tracerd::diff::enough(hb.len(), quantile);
+            let want = match (judged, apart) {
+                (false, _) => "too_few_samples",
+                (true, true) => "changed",
+                (true, false) => "within_noise",
+            };
+            assert_eq!(q["verdict"], want, "{stage:?} {q}");
+        }
+    }
+    // Compared are exactly the stages both captures have; the others are listed.
+    let compared: Vec<Stage> =
+        stages.iter().map(|s| serde_json::from_value(s["stage"].clone()).unwrap()).collect();
+    let both: Vec<Stage> = ra.stages.keys().filter(|s| rb.stages.contains_key(s)).copied().collect();
+    assert_eq!(compared, both);
+    for stage in [Stage::Q2c, Stage::D2c, Stage::Q2d] {
+        assert!(both.contains(&stage), "{stage:?} in both captures");
+        assert_eq!((ra.stages[&stage].count, rb.stages[&stage].count), (N, N), "{stage:?}");
+    }
+    assert!(ca.lost.values().chain(cb.lost.values()).all(|n| *n == 0), "{:?} {:?}", ca.lost, cb.lost);
+    // The same capture twice: nothing changed.
+    let (status, out, err) = tracerd_output(&["diff", &a, &a, "--json"]);
+    assert!(status.success(), "{err}");
+    let same: Value = serde_json::from_str(&out).unwrap();
+    for s in
+        find(&find(&same["devices"], "device", &dev.name)["ops"], "op", "read")["stages"].as_array().unwrap()
+    {
+        assert!(s["quantiles"].as_array().unwrap().iter().all(|q| q["verdict"] != "changed"), "{s}");
+    }
+
+    let (status, text, err) = tracerd_output(&["diff", &a, &b]);
+    assert!(status.success(), "{err}");
+    assert!(text.contains(&format!("{} read: {N} requests in A, {N} in B (+0.0%)", dev.name)), "{text}");
+    eprintln!("tracerd diff {a} {b}:\n{text}");
+
+    // Garbage, unrelated JSON and a missing file: non-zero, the file named, what is wrong said.
+    let garbage = dir.file("garbage.json");
+    std::fs::write(&garbage, b"\x7fELF\x02\x01 not a capture {[").unwrap();
+    let (status, _, err) = tracerd_output(&["diff", &garbage, &b]);
+    assert!(!status.success());
+    assert!(err.contains(&garbage) && err.contains("truncated or not JSON"), "{err}");
+    let unrelated = dir.file("unrelated.json");
+    std::fs::write(&unrelated, r#"{"name": "fio", "jobs": []}"#).unwrap();
+    let (status, _, err) = tracerd_output(&["diff", &a, &unrelated]);
+    assert!(!status.success());
+    assert!(err.contains(&unrelated) && err.contains("not a tracerd capture"), "{err}");
+    let (status, _, err) = tracerd_output(&["diff", &a, &dir.file("missing.json")]);
+    assert!(
+        !status.success() && err.contains("cannot read capture") && err.contains("missing.json"),
+        "{err}"
+    );
+}
+
 #[test]
 fn user_errors_are_clear_and_fail() {
     require_root();
@@ -318,4 +436,11 @@ fn user_errors_are_clear_and_fail() {
         "{err}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+
+    // --save into a directory that does not exist fails before anything is traced.
+    let (status, _, err) =
+        tracerd_output(&["report", "--duration", "1", "--save", "/nonexistent-dir/a.json"]);
+    assert!(!status.success());
+    assert!(err.contains("/nonexistent-dir") && err.contains("does not exist"), "{err}");
+    assert!(!err.contains("hooks; tracing"), "refused before tracing: {err}");
 }

@@ -34,6 +34,11 @@ impl Default for HistogramRange {
 /// The range chosen at start-up (once; the default until then).
 static RANGE: std::sync::OnceLock<HistogramRange> = std::sync::OnceLock::new();
 
+/// The histogram range in force.
+pub fn histogram_range() -> HistogramRange {
+    RANGE.get().copied().unwrap_or_default()
+}
+
 /// Sets the histogram range for the rest of the run; false if it was already set.
 pub fn set_histogram_range(range: HistogramRange) -> bool {
     RANGE.set(range).is_ok()
@@ -63,7 +68,7 @@ pub struct StageHist {
 
 impl StageHist {
     fn new() -> Box<StageHist> {
-        let r = RANGE.get().copied().unwrap_or_default();
+        let r = histogram_range();
         // The config checked the bounds (lowest >= 1, highest >= 2 * lowest, 1..=5 digits).
         let hist = Histogram::new_with_bounds(r.lowest_ns, r.highest_ns, r.significant_digits)
             .expect("valid bounds");

@@ -1,6 +1,6 @@
 //! Command line (clap). Every subcommand's help ends with an example.
 
-use std::net::SocketAddr;
+use std::{net::SocketAddr, path::PathBuf};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -12,7 +12,7 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9560";
     version,
     about = "eBPF block-layer latency tracer: times every IO through Q, G, I, D, C per device",
     long_about = None,
-    after_help = "Examples:\n  sudo tracerd run                      # agent: /metrics on 127.0.0.1:9560\n  sudo tracerd report --duration 10     # btt-style tables for every device\n  sudo tracerd snoop --device nvme0n1   # one line per IO"
+    after_help = "Examples:\n  sudo tracerd run                      # agent: /metrics on 127.0.0.1:9560\n  sudo tracerd report --duration 10     # btt-style tables for every device\n  sudo tracerd snoop --device nvme0n1   # one line per IO\n  tracerd diff before.json after.json   # compare two saved captures"
 )]
 pub struct Cli {
     /// Log level (error, warn, info, debug, trace); RUST_LOG overrides.
@@ -54,7 +54,7 @@ pub enum Command {
     },
     /// Capture for a while, then print per-device, per-operation stage tables.
     #[command(
-        after_help = "Examples:\n  sudo tracerd report --duration 10\n  sudo tracerd report --device nvme0n1 --by qd\n  sudo tracerd report --duration 5 --json > capture.json"
+        after_help = "Examples:\n  sudo tracerd report --duration 10\n  sudo tracerd report --device nvme0n1 --by qd\n  sudo tracerd report --duration 5 --json > capture.json\n  sudo tracerd report --device nvme0n1 --save before.json   # then: tracerd diff before.json after.json"
     )]
     Report {
         /// Capture length in seconds (SIGINT ends it early and still reports).
@@ -66,6 +66,10 @@ pub enum Command {
         /// Split each table by this dimension.
         #[arg(long, value_enum)]
         by: Option<By>,
+        /// Also save the capture (every histogram, kernel, host, devices, duration) to FILE,
+        /// for `tracerd diff`.
+        #[arg(long, value_name = "FILE")]
+        save: Option<PathBuf>,
         #[command(flatten)]
         trace: TraceArgs,
     },
@@ -82,6 +86,22 @@ pub enum Command {
         duration: Option<f64>,
         #[command(flatten)]
         trace: TraceArgs,
+    },
+    /// Compare two captures saved by `report --save`: per device, op and stage, counts and
+    /// p50/p99/p99.9 side by side, with `*` where a change is larger than sampling noise.
+    #[command(
+        after_help = "Examples:\n  sudo tracerd report --device nvme0n1 --duration 30 --save before.json\n  sudo tracerd report --device nvme0n1 --duration 30 --save after.json\n  tracerd diff before.json after.json\n  tracerd diff before.json after.json --json | jq '.devices[].ops[].stages[]'"
+    )]
+    Diff {
+        /// The capture to compare from (the baseline).
+        #[arg(value_name = "A")]
+        a: PathBuf,
+        /// The capture to compare to.
+        #[arg(value_name = "B")]
+        b: PathBuf,
+        /// Print JSON (schema in the README) instead of tables.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -109,6 +129,7 @@ fn parse_ring_size(s: &str) -> Result<u32, String> {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+    use std::path::Path;
 
     #[test]
     fn cli_is_consistent_and_validates() {
@@ -125,5 +146,10 @@ mod tests {
             }
             _ => panic!("wrong subcommand"),
         }
+        let cli = Cli::try_parse_from(["tracerd", "report", "--save", "a.json"]).unwrap();
+        assert!(matches!(cli.command, Command::Report { save: Some(p), .. } if p == Path::new("a.json")));
+        let cli = Cli::try_parse_from(["tracerd", "diff", "a.json", "b.json", "--json"]).unwrap();
+        assert!(matches!(cli.command, Command::Diff { json: true, .. }));
+        assert!(Cli::try_parse_from(["tracerd", "diff", "a.json"]).is_err(), "diff takes two captures");
     }
 }

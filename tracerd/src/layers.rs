@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tracer_common::{IoRecord, event, kind};
 
 /// Distinct lower devices kept per upper IO (raid members, dm table devices).
@@ -14,7 +14,7 @@ pub const MAX_LOWERS: usize = 8;
 /// Upper IOs waiting for completion; beyond this the oldest knowledge is dropped and counted.
 const MAX_PENDING: usize = 65_536;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Phase {
     /// Upper Q to the first lower Q: time spent in this layer before any lower IO.

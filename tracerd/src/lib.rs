@@ -3,8 +3,10 @@
 
 pub mod aggregate;
 pub mod btf;
+pub mod capture;
 pub mod cli;
 pub mod config;
+pub mod diff;
 pub mod hooks;
 pub mod http;
 pub mod layers;

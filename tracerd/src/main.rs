@@ -7,7 +7,7 @@ use tracerd::{
     aggregate,
     cli::{By, Cli, Command, TraceArgs},
     config::{Config, Flags},
-    report, run,
+    diff, report, run,
     selection::Selection,
     snoop,
     tracer::LoadOptions,
@@ -55,13 +55,14 @@ async fn dispatch(command: Command) -> Result<()> {
             let (config, selection, opts) = settings(trace, listen)?;
             run::run(config.listen, config.series, selection, opts).await
         }
-        Command::Report { duration, json, by, trace } => {
+        Command::Report { duration, json, by, save, trace } => {
             let (_, selection, opts) = settings(trace, None)?;
-            report::report(duration, json, by == Some(By::Qd), selection, opts).await
+            report::report(duration, json, by == Some(By::Qd), save.as_deref(), selection, opts).await
         }
         Command::Snoop { json, duration, trace } => {
             let (_, selection, opts) = settings(trace, None)?;
             snoop::snoop(json, duration, selection, opts).await
         }
+        Command::Diff { a, b, json } => diff::diff(&a, &b, json),
     }
 }

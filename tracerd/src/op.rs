@@ -2,12 +2,12 @@
 //! Op numbers and flag bits are read from the running kernel's BTF enums.
 
 use anyhow::{Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::btf::Btf;
 
 /// Operation label used everywhere (metrics, report, snoop).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Op {
     Read,

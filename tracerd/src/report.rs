@@ -5,6 +5,7 @@ use std::{
     collections::BTreeMap,
     fmt::Write as _,
     io::{IsTerminal, Write as _},
+    path::Path,
     time::{Duration, Instant},
 };
 
@@ -13,6 +14,7 @@ use serde::Serialize;
 
 use crate::{
     aggregate::{Aggregator, Lost, OpStats, StageHist, Stages},
+    capture::{self, Capture},
     hooks::HookStatus,
     layers::Phase,
     op::Op,
@@ -364,20 +366,33 @@ fn render_op(out: &mut String, device: &str, op: &OpReport) {
     }
 }
 
-/// Captures for `duration` seconds (or until SIGINT), then prints the report.
+/// Captures for `duration` seconds (or until SIGINT), then prints the report, and with `save`
+/// writes the capture for `tracerd diff`.
 pub async fn report(
     duration: f64,
     json: bool,
     by_qd: bool,
+    save: Option<&Path>,
     selection: Selection,
     opts: LoadOptions,
 ) -> Result<()> {
+    // Before tracing, so a bad path costs no capture.
+    if let Some(path) = save {
+        Capture::check_save_path(path)?;
+        // Version-1 captures hold histograms of the default range only.
+        if crate::aggregate::histogram_range() != crate::aggregate::HistogramRange::default() {
+            anyhow::bail!(
+                "--save writes histograms of the default range (100 ns to 60 s, 3 significant digits),                  and the config's [histogram] section sets another: remove it to save a capture"
+            );
+        }
+    }
     let mut session = Session::start(selection, &opts)?;
     let ops = session.tracer.ops;
     let base = session.lost()?;
     let mut agg = Aggregator::new(by_qd);
     let progress = std::io::stderr().is_terminal();
     let started = Instant::now();
+    let started_unix_s = capture::unix_now();
     let deadline = tokio::time::sleep(Duration::from_secs_f64(duration));
     tokio::pin!(deadline);
     let shutdown = shutdown_signal();
@@ -408,13 +423,20 @@ pub async fn report(
     let hooks = session.tracer.hooks.clone();
     let topo = session.topo.clone();
     drop(session);
-    let report = Report::build(&agg, &topo, &lost, &hooks, &kernel_release(), elapsed);
+    let kernel = kernel_release();
+    let report = Report::build(&agg, &topo, &lost, &hooks, &kernel, elapsed);
     let mut out = std::io::stdout().lock();
     if json {
         serde_json::to_writer_pretty(&mut out, &report)?;
         writeln!(out)?;
     } else {
         write!(out, "{}", report.render_text())?;
+    }
+    out.flush()?;
+    if let Some(path) = save {
+        let meta = capture::Meta { kernel, host: capture::hostname(), started_unix_s, duration_s: elapsed };
+        Capture::from_aggregate(&agg, &topo, &lost, meta).save(path)?;
+        tracing::info!("capture saved to {}", path.display());
     }
     Ok(())
 }

@@ -1,11 +1,11 @@
 //! Stages (blktrace intervals) and how each is computed from a record's event timestamps.
 //! The one place that decides the stage list; metrics, report and snoop all ask here.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tracer_common::{IoRecord, event, kind};
 
 /// An interval between two block-layer events.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Stage {
     /// Queued to request allocated.

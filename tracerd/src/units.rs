@@ -25,6 +25,24 @@ pub fn bytes(b: f64) -> String {
     if i == 0 { format!("{v:.0}B") } else { format!("{v:.1}{}", UNITS[i]) }
 }
 
+/// Seconds since the Unix epoch as `2025-11-30 05:40:12 UTC`.
+pub fn utc(unix_s: f64) -> String {
+    // Saturating: NaN and negative times show as the epoch.
+    let secs = unix_s as u64;
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's days_from_civil, inverted).
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + (month <= 2) as i64;
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -38,5 +56,9 @@ mod tests {
         assert_eq!(bytes(512.0), "512B");
         assert_eq!(bytes(4096.0), "4.0KiB");
         assert_eq!(bytes(1.5 * 1024.0 * 1024.0), "1.5MiB");
+        assert_eq!(utc(0.0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(951_782_400.5), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc(1_700_000_000.0), "2023-11-14 22:13:20 UTC");
+        assert_eq!(utc(-5.0), "1970-01-01 00:00:00 UTC");
     }
 }
