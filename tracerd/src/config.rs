@@ -24,6 +24,17 @@ pub struct File {
     pub histogram: HistogramSection,
     #[serde(default)]
     pub series: SeriesSection,
+    #[serde(default)]
+    pub http: HttpSection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSection {
+    pub tls_cert_file: Option<std::path::PathBuf>,
+    pub tls_key_file: Option<std::path::PathBuf>,
+    pub basic_auth_username: Option<String>,
+    pub basic_auth_password_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -69,6 +80,17 @@ pub struct Config {
     pub exclude: Vec<String>,
     pub histogram: HistogramRange,
     pub series: SeriesLimits,
+    pub http: HttpSecurity,
+}
+
+/// TLS and basic auth of the metrics endpoint, as the config names them (files are read and
+/// checked when the server starts: `http::Security::load`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HttpSecurity {
+    /// PEM certificate chain and private key.
+    pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// User name and a file holding the password (its first line).
+    pub basic_auth: Option<(String, std::path::PathBuf)>,
 }
 
 impl Default for Config {
@@ -80,6 +102,7 @@ impl Default for Config {
             exclude: Vec::new(),
             histogram: HistogramRange::default(),
             series: SeriesLimits::default(),
+            http: HttpSecurity::default(),
         }
     }
 }
@@ -166,7 +189,24 @@ pub fn resolve(file: File, flags: Flags) -> Result<Config> {
     if !(1..=65_536).contains(&series.max_devices) {
         bail!("series.max_devices = {}: must be 1 to 65536", series.max_devices);
     }
-    Ok(Config { listen, ring_buffer_bytes, include, exclude, histogram, series })
+    let h = file.http;
+    let tls = match (h.tls_cert_file, h.tls_key_file) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        _ => bail!("http.tls_cert_file and http.tls_key_file go together: give both or neither"),
+    };
+    let basic_auth = match (h.basic_auth_username, h.basic_auth_password_file) {
+        (Some(user), Some(file)) if !user.is_empty() && !user.contains(':') => Some((user, file)),
+        (Some(user), Some(_)) => {
+            bail!("http.basic_auth_username = \"{user}\": must be non-empty and without ':'")
+        }
+        (None, None) => None,
+        _ => bail!(
+            "http.basic_auth_username and http.basic_auth_password_file go together: give both or neither"
+        ),
+    };
+    let http = HttpSecurity { tls, basic_auth };
+    Ok(Config { listen, ring_buffer_bytes, include, exclude, histogram, series, http })
 }
 
 /// A ring buffer size the kernel accepts: a power of two, at least a page.
@@ -247,6 +287,11 @@ mod tests {
             err("ring_buffer_bytes = \"big\"")
         );
         assert!(err("listen = ").contains("not a valid tracerd config"));
+        assert!(err("[http]\ntls_cert_file = \"/c.pem\"").contains("give both or neither"));
+        assert!(
+            err("[http]\nbasic_auth_username = \"a:b\"\nbasic_auth_password_file = \"/p\"")
+                .contains("without ':'")
+        );
     }
 
     #[test]

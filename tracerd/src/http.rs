@@ -1,6 +1,8 @@
 //! The metrics endpoint: a deliberately small HTTP/1.1 server. It answers `GET /metrics` and
 //! `GET /healthz`, closes every connection after one response, and bounds what a client can
-//! cost: request heads over 8 KiB are refused, slow clients time out, connections are capped.
+//! cost: request heads over 8 KiB are refused, a client gets 5 s for its TLS handshake and its
+//! whole request head, connections are capped. Optionally TLS (rustls) and basic auth on
+//! /metrics (config `[http]`).
 
 use std::{
     net::SocketAddr,
@@ -10,12 +12,22 @@ use std::{
 
 use anyhow::{Context, Result};
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::{TcpListener, TcpStream},
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
+    net::TcpListener,
     sync::Semaphore,
 };
+use tokio_rustls::{
+    TlsAcceptor,
+    rustls::{
+        self, ServerConfig,
+        pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject},
+    },
+};
 
-use crate::metrics::{self, State};
+use crate::{
+    config::HttpSecurity,
+    metrics::{self, State},
+};
 
 const MAX_HEAD: usize = 8 * 1024;
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
@@ -36,46 +48,152 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {
     })
 }
 
-pub async fn serve(listener: TcpListener, state: Arc<Mutex<State>>) {
+/// TLS and basic auth, loaded and checked at start.
+#[derive(Clone, Default)]
+pub struct Security {
+    tls: Option<TlsAcceptor>,
+    /// The whole `Authorization` header value a client must send: `Basic base64(user:pass)`.
+    authorization: Option<String>,
+}
+
+impl Security {
+    /// Reads the certificate, key and password files the config names.
+    pub fn load(config: &HttpSecurity) -> Result<Security> {
+        let tls = match &config.tls {
+            Some((cert, key)) => Some(tls_acceptor(cert, key)?),
+            None => None,
+        };
+        let authorization = match &config.basic_auth {
+            Some((user, file)) => {
+                let text = std::fs::read_to_string(file).with_context(|| {
+                    format!("http.basic_auth_password_file: cannot read {}", file.display())
+                })?;
+                let password = text.lines().next().unwrap_or("");
+                if password.is_empty() {
+                    anyhow::bail!(
+                        "http.basic_auth_password_file: {} has no password on its first line",
+                        file.display()
+                    );
+                }
+                Some(format!("Basic {}", base64(format!("{user}:{password}").as_bytes())))
+            }
+            None => None,
+        };
+        if authorization.is_some() && tls.is_none() {
+            tracing::warn!("basic auth without TLS: the password crosses the network in clear");
+        }
+        Ok(Security { tls, authorization })
+    }
+
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() { "https" } else { "http" }
+    }
+}
+
+fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<TlsAcceptor> {
+    let certs =
+        CertificateDer::pem_file_iter(cert).and_then(|certs| certs.collect::<Result<Vec<_>, _>>()).map_err(
+            |e| anyhow::anyhow!("http.tls_cert_file: cannot read certificates from {}: {e}", cert.display()),
+        )?;
+    if certs.is_empty() {
+        anyhow::bail!("http.tls_cert_file: {} holds no PEM certificate", cert.display());
+    }
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+        anyhow::anyhow!("http.tls_key_file: cannot read a private key from {}: {e}", key.display())
+    })?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key))
+        .context("http.tls_cert_file / http.tls_key_file: the key does not fit the certificate")?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Standard base64 with padding (RFC 4648), for the basic-auth header.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk.iter().enumerate().fold(0u32, |n, (i, &b)| n | (b as u32) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Equality that takes the same time wherever the first difference is (credentials).
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+pub async fn serve(listener: TcpListener, state: Arc<Mutex<State>>, security: Security) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let security = Arc::new(security);
     loop {
         let Ok((stream, _)) = listener.accept().await else { continue };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             drop(stream); // over the cap: refuse rather than queue
             continue;
         };
-        let state = state.clone();
+        let (state, security) = (state.clone(), security.clone());
         tokio::spawn(async move {
-            let _ = handle(stream, &state).await;
+            let _ = match &security.tls {
+                Some(acceptor) => {
+                    match tokio::time::timeout(READ_TIMEOUT, acceptor.accept(stream)).await {
+                        Ok(Ok(tls)) => handle(tls, &state, &security).await,
+                        _ => Ok(()), // a failed or slow handshake: nothing to answer
+                    }
+                }
+                None => handle(stream, &state, &security).await,
+            };
             drop(permit);
         });
     }
 }
 
-/// Reads the request head, up to MAX_HEAD bytes and READ_TIMEOUT.
-async fn read_head(stream: &mut TcpStream) -> Result<Option<Vec<u8>>> {
+/// Reads the request head: at most MAX_HEAD bytes, all of it within READ_TIMEOUT (a client
+/// trickling bytes gets no more time than one sending nothing).
+async fn read_head(stream: &mut (impl AsyncRead + Unpin)) -> Result<Option<Vec<u8>>> {
     let mut head = Vec::with_capacity(1024);
     let mut buf = [0u8; 1024];
-    loop {
-        let n = tokio::time::timeout(READ_TIMEOUT, stream.read(&mut buf)).await.context("timeout")??;
-        if n == 0 {
-            return Ok(None);
+    let read = async {
+        loop {
+            let n = stream.read(&mut buf).await?;
+            if n == 0 {
+                return Ok::<_, std::io::Error>(None);
+            }
+            head.extend_from_slice(&buf[..n]);
+            if head.windows(4).any(|w| w == b"\r\n\r\n") || head.windows(2).any(|w| w == b"\n\n") {
+                return Ok(Some(std::mem::take(&mut head)));
+            }
+            if head.len() > MAX_HEAD {
+                return Ok(Some(Vec::new()));
+            }
         }
-        head.extend_from_slice(&buf[..n]);
-        if head.windows(4).any(|w| w == b"\r\n\r\n") || head.windows(2).any(|w| w == b"\n\n") {
-            return Ok(Some(head));
-        }
-        if head.len() > MAX_HEAD {
-            return Ok(Some(Vec::new()));
-        }
-    }
+    };
+    Ok(tokio::time::timeout(READ_TIMEOUT, read).await.context("timeout")??)
 }
 
-async fn handle(mut stream: TcpStream, state: &Mutex<State>) -> Result<()> {
+async fn handle(
+    mut stream: impl AsyncRead + AsyncWrite + Unpin,
+    state: &Mutex<State>,
+    security: &Security,
+) -> Result<()> {
     let Some(head) = read_head(&mut stream).await? else { return Ok(()) };
-    let (status, content_type, body) = route(&head, state);
+    let (status, content_type, body) = if authorized(&head, security) {
+        route(&head, state)
+    } else {
+        ("401 Unauthorized", "text/plain; charset=utf-8", "authentication required\n".into())
+    };
+    let challenge =
+        if status.starts_with("401") { "WWW-Authenticate: Basic realm=\"tracerd\"\r\n" } else { "" };
     let header = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n{challenge}Connection: close\r\n\r\n",
         body.len()
     );
     let head_only = head.starts_with(b"HEAD ");
@@ -89,6 +207,22 @@ async fn handle(mut stream: TcpStream, state: &Mutex<State>) -> Result<()> {
     .await
     .context("write timeout")??;
     Ok(())
+}
+
+/// Whether the request may proceed: no auth configured, the health path (liveness probes), or
+/// the right `Authorization` header.
+fn authorized(head: &[u8], security: &Security) -> bool {
+    let Some(expected) = &security.authorization else { return true };
+    let text = String::from_utf8_lossy(head);
+    let mut lines = text.lines();
+    let target = lines.next().and_then(|l| l.split_whitespace().nth(1)).unwrap_or("");
+    if target.split('?').next() == Some("/healthz") {
+        return true;
+    }
+    lines.filter_map(|l| l.split_once(':')).any(|(name, value)| {
+        name.trim().eq_ignore_ascii_case("authorization")
+            && constant_time_eq(value.trim().as_bytes(), expected.as_bytes())
+    })
 }
 
 fn route(head: &[u8], state: &Mutex<State>) -> (&'static str, &'static str, String) {
@@ -128,5 +262,28 @@ mod tests {
         assert_eq!(route(b"POST /metrics HTTP/1.1\r\n\r\n", &state).0, "405 Method Not Allowed");
         assert_eq!(route(b"\x00\xff garbage\r\n\r\n", &state).0, "405 Method Not Allowed");
         assert_eq!(route(b"", &state).0, "431 Request Header Fields Too Large");
+    }
+
+    #[test]
+    fn basic_auth() {
+        assert_eq!(base64(b"prometheus:s3cret"), "cHJvbWV0aGV1czpzM2NyZXQ=");
+        assert_eq!(
+            (base64(b"a"), base64(b"ab"), base64(b"abc")),
+            ("YQ==".into(), "YWI=".into(), "YWJj".into())
+        );
+        let open = Security::default();
+        let locked = Security { tls: None, authorization: Some("Basic cHJvbWV0aGV1czpzM2NyZXQ=".into()) };
+        let get = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+        assert!(authorized(get, &open));
+        assert!(!authorized(get, &locked));
+        assert!(authorized(
+            b"GET /metrics HTTP/1.1\r\nauthorization: Basic cHJvbWV0aGV1czpzM2NyZXQ=\r\n\r\n",
+            &locked
+        ));
+        assert!(!authorized(
+            b"GET /metrics HTTP/1.1\r\nAuthorization: Basic cHJvbWV0aGV1czpzM2NyZXR=\r\n\r\n",
+            &locked
+        ));
+        assert!(authorized(b"GET /healthz HTTP/1.1\r\n\r\n", &locked), "liveness probes need no password");
     }
 }

@@ -53,7 +53,7 @@ async fn dispatch(command: Command) -> Result<()> {
     match command {
         Command::Run { listen, trace } => {
             let (config, selection, opts) = settings(trace, listen)?;
-            run::run(config.listen, config.series, selection, opts).await
+            run::run(config.listen, config.series, &config.http, selection, opts).await
         }
         Command::Report { duration, json, by, save, trace } => {
             let (_, selection, opts) = settings(trace, None)?;

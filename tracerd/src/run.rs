@@ -10,6 +10,7 @@ use anyhow::Result;
 
 use crate::{
     aggregate::{Aggregator, Lost, SeriesLimits},
+    config::HttpSecurity,
     http,
     metrics::State,
     selection::Selection,
@@ -25,11 +26,15 @@ const SWEEP_EVERY: u64 = 30;
 pub async fn run(
     listen: SocketAddr,
     limits: SeriesLimits,
+    security: &HttpSecurity,
     selection: Selection,
     opts: LoadOptions,
 ) -> Result<()> {
-    // Bind first: a port in use fails before anything is loaded into the kernel.
+    // Bind first, read the TLS and password files: a port in use or a bad certificate fails
+    // before anything is loaded into the kernel.
     let listener = http::bind(listen).await?;
+    let security = http::Security::load(security)?;
+    let scheme = security.scheme();
     let mut session = Session::start(selection, &opts)?;
     let ops = session.tracer.ops;
     let state = Arc::new(Mutex::new(State {
@@ -40,8 +45,8 @@ pub async fn run(
         records: 0,
         programs: Default::default(),
     }));
-    tokio::spawn(http::serve(listener, state.clone()));
-    tracing::info!("metrics on http://{listen}/metrics");
+    tokio::spawn(http::serve(listener, state.clone(), security));
+    tracing::info!("metrics on {scheme}://{listen}/metrics");
     let mut tick = tokio::time::interval(HOUSEKEEPING);
     let mut ticks = 0u64;
     let shutdown = shutdown_signal();

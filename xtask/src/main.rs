@@ -260,6 +260,8 @@ fn integration_tests(tally: &mut Tally) -> Result<()> {
         "prometheus",
         "--test",
         "deploy",
+        "--test",
+        "http",
         "--",
         "--test-threads=1",
     ])

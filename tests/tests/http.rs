@@ -1,0 +1,153 @@
+//! The metrics endpoint under bad clients, concurrent scrapes, TLS and basic auth (with curl).
+
+use std::{
+    io::{Read, Write},
+    net::TcpStream,
+    path::Path,
+    process::Command,
+    time::Duration,
+};
+
+use tracerd_tests::{
+    LoopDevice, Metrics, Tracerd, Workload, free_port, http_get, require_root, tracerd_output,
+};
+
+/// Sends raw bytes, returns the status line of the answer ("" if the server closed silently).
+fn raw(addr: &str, request: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let _ = s.write_all(request);
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    answer.lines().next().unwrap_or("").to_owned()
+}
+
+#[test]
+fn bad_clients_cannot_stall_it_and_concurrent_scrapes_are_consistent() {
+    require_root();
+    let dev = LoopDevice::new(64);
+    let agent = Tracerd::run(&["--device", &dev.name]);
+    let addr = agent.addr.clone().unwrap();
+
+    // Slow clients: connections that send half a request line and then nothing.
+    let slow: Vec<TcpStream> = (0..16)
+        .map(|_| {
+            let mut s = TcpStream::connect(&addr).unwrap();
+            s.write_all(b"GET /met").unwrap();
+            s
+        })
+        .collect();
+    let (status, body) = http_get(&addr, "/metrics").expect("a scrape while slow clients hang");
+    assert_eq!(status, 200);
+    assert!(body.contains("tracerd_build_info"));
+
+    assert_eq!(raw(&addr, &[b'A'; 64 * 1024]), "HTTP/1.1 431 Request Header Fields Too Large");
+    let huge_header = format!("GET /metrics HTTP/1.1\r\nX-Junk: {}\r\n\r\n", "x".repeat(20_000));
+    assert_eq!(raw(&addr, huge_header.as_bytes()), "HTTP/1.1 431 Request Header Fields Too Large");
+    assert_eq!(raw(&addr, b"\x00\xff\xfe garbage\r\n\r\n"), "HTTP/1.1 405 Method Not Allowed");
+    assert_eq!(raw(&addr, b"POST /metrics HTTP/1.1\r\n\r\n"), "HTTP/1.1 405 Method Not Allowed");
+    assert_eq!(raw(&addr, b"GET /../../etc/passwd HTTP/1.1\r\n\r\n"), "HTTP/1.1 404 Not Found");
+    assert_eq!(raw(&addr, b"GET /debug/pprof HTTP/1.1\r\n\r\n"), "HTTP/1.1 404 Not Found");
+
+    // Scrapes from 6 threads while IO runs: every snapshot is internally consistent.
+    let scrapers: Vec<_> = (0..6)
+        .map(|_| {
+            let (addr, dev) = (addr.clone(), dev.name.clone());
+            std::thread::spawn(move || {
+                for _ in 0..25 {
+                    let (status, body) = http_get(&addr, "/metrics").expect("scrape");
+                    assert_eq!(status, 200);
+                    let m = Metrics::parse(&body);
+                    let requests = m.get("tracerd_io_requests_total", &[("device", &dev), ("op", "read")]);
+                    let l = [("device", dev.as_str()), ("op", "read"), ("stage", "q2c")];
+                    assert_eq!(m.get("tracerd_io_stage_seconds_count", &l), requests, "one snapshot");
+                    let inf = [("device", dev.as_str()), ("op", "read"), ("stage", "q2c"), ("le", "+Inf")];
+                    assert_eq!(m.get("tracerd_io_stage_seconds_bucket", &inf), requests, "one snapshot");
+                }
+            })
+        })
+        .collect();
+    Workload { write: false, count: 3000, size: 4096, qd: 8 }.run(&dev);
+    for s in scrapers {
+        s.join().expect("a scraper saw an inconsistent snapshot");
+    }
+    drop(slow);
+    let m = agent.metrics();
+    assert_eq!(m.get("tracerd_io_requests_total", &[("device", &dev.name), ("op", "read")]), 3000.0);
+}
+
+fn curl(args: &[&str]) -> (bool, String) {
+    let out = Command::new("curl").args(["-s", "--max-time", "10"]).args(args).output().expect("curl");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn tls_and_basic_auth_with_curl() {
+    require_root();
+    let dir = std::env::temp_dir().join(format!("tracerd-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let ok = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-days",
+            "1",
+        ])
+        .args(["-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl");
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    std::fs::write(dir.join("password"), "s3cret\n").unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let config = |cert: &Path| {
+        format!(
+            "listen = \"{addr}\"\n[http]\ntls_cert_file = \"{}\"\ntls_key_file = \"{}\"\n\
+             basic_auth_username = \"prometheus\"\nbasic_auth_password_file = \"{}\"\n",
+            cert.display(),
+            key.display(),
+            dir.join("password").display()
+        )
+    };
+    let cfg = dir.join("tracerd.toml");
+    std::fs::write(&cfg, config(&cert)).unwrap();
+
+    let dev = LoopDevice::new(64);
+    let _agent = Tracerd::spawn(&["run", "--config", cfg.to_str().unwrap(), "--device", &dev.name]);
+    let url = format!("https://{addr}");
+    let ca = ["--cacert", cert.to_str().unwrap()];
+    let code = |extra: &[&str], path: &str| {
+        let target = format!("{url}{path}");
+        let mut args: Vec<&str> = ca.to_vec();
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["-o", "/dev/null", "-w", "%{http_code}", &target]);
+        curl(&args).1
+    };
+    // The listener comes up with the session; give it a moment.
+    assert!(tracerd_tests::eventually(Duration::from_secs(10), || code(&[], "/healthz") == "200"));
+    assert_eq!(code(&[], "/metrics"), "401", "no credentials");
+    assert_eq!(code(&["-u", "prometheus:wrong"], "/metrics"), "401", "wrong password");
+    assert_eq!(code(&["-u", "nobody:s3cret"], "/metrics"), "401", "wrong user");
+    assert_eq!(code(&["-u", "prometheus:s3cret"], "/metrics"), "200");
+    let (ok, body) =
+        curl(&["--cacert", cert.to_str().unwrap(), "-u", "prometheus:s3cret", &format!("{url}/metrics")]);
+    assert!(ok && body.contains("tracerd_build_info"), "{body}");
+    let (ok, _) = curl(&[&format!("http://{addr}/metrics")]);
+    assert!(!ok, "plain HTTP to the TLS port must not be answered");
+    drop(_agent);
+
+    // A bad certificate path is refused at start, naming the key.
+    std::fs::write(&cfg, config(&dir.join("missing.pem"))).unwrap();
+    let (status, _, err) = tracerd_output(&["run", "--config", cfg.to_str().unwrap(), "--device", &dev.name]);
+    assert!(!status.success() && err.contains("http.tls_cert_file"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
