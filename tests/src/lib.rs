@@ -102,6 +102,18 @@ impl LoopDevice {
     }
 }
 
+/// Removes a detached loop device from the system (LOOP_CTL_REMOVE): unlike `losetup -d`,
+/// which leaves an empty /dev/loopN, the device then leaves /sys/class/block.
+pub fn remove_loop_device(name: &str) {
+    const LOOP_CTL_REMOVE: libc::c_ulong = 0x4C81;
+    let index: libc::c_long = name.trim_start_matches("loop").parse().expect("loopN");
+    let ctl =
+        fs::OpenOptions::new().read(true).write(true).open("/dev/loop-control").expect("/dev/loop-control");
+    // SAFETY: an ioctl on an fd we own, with an integer argument.
+    let rc = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&ctl), LOOP_CTL_REMOVE, index) };
+    assert_eq!(rc, 0, "LOOP_CTL_REMOVE {name}: {}", std::io::Error::last_os_error());
+}
+
 impl Drop for LoopDevice {
     fn drop(&mut self) {
         let _ = Command::new("losetup").args(["-d", &self.path]).status();

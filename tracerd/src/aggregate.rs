@@ -191,12 +191,14 @@ pub struct Lost {
     pub orphaned_lower: u64,
     /// Records of devices beyond `series.max_devices`.
     pub series_limit: u64,
+    /// IOs in flight on a device when it vanished.
+    pub device_gone: u64,
     /// Program runs the kernel skipped (nested on one CPU); each may have lost an event.
     pub recursion: u64,
 }
 
 impl Lost {
-    pub fn reasons(&self) -> [(&'static str, u64); 12] {
+    pub fn reasons(&self) -> [(&'static str, u64); 13] {
         [
             ("ringbuf_full", self.kernel[lost::RINGBUF_FULL as usize]),
             ("bio_map_full", self.kernel[lost::BIO_MAP_FULL as usize]),
@@ -210,6 +212,7 @@ impl Lost {
             ("orphaned_lower", self.orphaned_lower),
             ("recursion", self.recursion),
             ("series_limit", self.series_limit),
+            ("device_gone", self.device_gone),
         ]
     }
 
@@ -225,6 +228,7 @@ impl Lost {
         d.orphaned_lower = d.orphaned_lower.saturating_sub(base.orphaned_lower);
         d.recursion = d.recursion.saturating_sub(base.recursion);
         d.series_limit = d.series_limit.saturating_sub(base.series_limit);
+        d.device_gone = d.device_gone.saturating_sub(base.device_gone);
         d
     }
 }

@@ -73,6 +73,16 @@ impl Session {
     /// Picks up devices that came or went since the last scan.
     pub fn refresh_devices(&mut self) -> Result<()> {
         let topo = Topology::scan()?;
+        // IOs still in flight on a device that vanished will never complete here.
+        let gone: std::collections::HashSet<u32> =
+            self.topo.devices().map(|d| d.dev).filter(|dev| topo.get(*dev).is_none()).collect();
+        if !gone.is_empty() {
+            let n = self.tracer.sweep_devices(&gone)?;
+            self.own_lost.device_gone += n;
+            if n > 0 {
+                tracing::warn!("{n} IOs were in flight on vanished devices; counted as lost (device_gone)");
+            }
+        }
         match self.selection.resolve(&topo) {
             Ok(resolved) => {
                 if resolved != self.resolved {

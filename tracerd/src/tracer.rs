@@ -233,6 +233,12 @@ impl Tracer {
         Ok(())
     }
 
+    /// Removes in-flight entries of vanished devices (`dev_t`s); returns how many IOs.
+    pub fn sweep_devices(&mut self, gone: &HashSet<u32>) -> Result<u64> {
+        let (bios, requests) = sweep_gone(&mut self.ebpf, gone)?;
+        Ok(bios + requests)
+    }
+
     /// Removes in-flight entries older than `max_age` (their completion was missed).
     /// Returns (bios, requests) removed.
     pub fn sweep_stale(&mut self, max_age: Duration) -> Result<(u64, u64)> {
@@ -278,6 +284,15 @@ fn prog_info(fd: BorrowedFd<'_>) -> Option<aya_obj::generated::bpf_prog_info> {
         )
     };
     (rc == 0).then_some(info)
+}
+
+/// Frees in-flight entries of devices that are gone; returns (bios, requests) freed.
+fn sweep_gone(ebpf: &mut Ebpf, gone: &HashSet<u32>) -> Result<(u64, u64)> {
+    let bios = sweep::<BioState>(ebpf, names::BIOS, |s| gone.contains(&s.dev))?;
+    let requests = sweep::<RequestState>(ebpf, names::REQUESTS, |s| {
+        gone.contains(&s.record.disk) || gone.contains(&s.record.dev)
+    })?;
+    Ok((bios, requests))
 }
 
 /// Frees the busy slots of a slot table whose value is `stale`; returns how many.

@@ -262,6 +262,8 @@ fn integration_tests(tally: &mut Tally) -> Result<()> {
         "deploy",
         "--test",
         "http",
+        "--test",
+        "faults",
         "--",
         "--test-threads=1",
     ])
