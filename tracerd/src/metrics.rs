@@ -32,6 +32,8 @@ pub struct State {
     pub records: u64,
     /// The kernel's counters of tracerd's programs.
     pub programs: ProgramTotals,
+    /// Busy entries of the kernel's in-flight tables (bios, requests), sampled periodically.
+    pub in_flight: (u64, u64),
 }
 
 /// Escapes a label value (backslash, double quote, newline).
@@ -189,6 +191,14 @@ pub fn render(state: &State) -> String {
         "Devices whose series were dropped after the device vanished (config series.expire_after_s).",
     );
     let _ = writeln!(out, "tracerd_series_expired_total {}", state.agg.expired_devices);
+    header(
+        &mut out,
+        "tracerd_in_flight_entries",
+        "gauge",
+        "Entries in the kernel's in-flight tables (16384 slots each), sampled every 10 s.",
+    );
+    let _ = writeln!(out, "tracerd_in_flight_entries{{table=\"bios\"}} {}", state.in_flight.0);
+    let _ = writeln!(out, "tracerd_in_flight_entries{{table=\"requests\"}} {}", state.in_flight.1);
     header(&mut out, "tracerd_records_total", "counter", "Records read from the kernel ring buffer.");
     let _ = writeln!(out, "tracerd_records_total {}", state.records);
     header(

@@ -22,6 +22,8 @@ use crate::{
 const HOUSEKEEPING: Duration = Duration::from_secs(1);
 /// Stale in-flight entries are swept every this many housekeeping ticks.
 const SWEEP_EVERY: u64 = 30;
+/// The in-flight tables' occupancy is sampled every this many ticks (a scan is 32768 lookups).
+const OCCUPANCY_EVERY: u64 = 10;
 
 pub async fn run(
     listen: SocketAddr,
@@ -44,6 +46,7 @@ pub async fn run(
         traced_devices: session.resolved.kernel_devs.len(),
         records: 0,
         programs: Default::default(),
+        in_flight: (0, 0),
     }));
     tokio::spawn(http::serve(listener, state.clone(), security));
     tracing::info!("metrics on {scheme}://{listen}/metrics");
@@ -62,6 +65,11 @@ pub async fn run(
                 if ticks.is_multiple_of(SWEEP_EVERY) {
                     session.sweep()?;
                 }
+                let in_flight = if ticks.is_multiple_of(OCCUPANCY_EVERY) || ticks == 1 {
+                    Some(session.tracer.occupancy()?)
+                } else {
+                    None
+                };
                 session.refresh_devices()?;
                 let lost = session.lost()?;
                 let programs = session.tracer.program_totals();
@@ -71,6 +79,9 @@ pub async fn run(
                 st.agg.expire(|dev| topo.get(dev).is_some(), std::time::Instant::now());
                 st.records = session.records;
                 st.programs = programs;
+                if let Some(n) = in_flight {
+                    st.in_flight = n;
+                }
                 st.traced_devices = session.resolved.kernel_devs.len();
             }
             _ = &mut shutdown => break,

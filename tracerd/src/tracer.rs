@@ -233,6 +233,11 @@ impl Tracer {
         Ok(())
     }
 
+    /// Busy slots of the in-flight tables: (bios, requests).
+    pub fn occupancy(&self) -> Result<(u64, u64)> {
+        Ok((busy::<BioState>(&self.ebpf, names::BIOS)?, busy::<RequestState>(&self.ebpf, names::REQUESTS)?))
+    }
+
     /// Removes in-flight entries of vanished devices (`dev_t`s); returns how many IOs.
     pub fn sweep_devices(&mut self, gone: &HashSet<u32>) -> Result<u64> {
         let (bios, requests) = sweep_gone(&mut self.ebpf, gone)?;
@@ -308,6 +313,16 @@ fn sweep<V: aya::Pod + Default>(ebpf: &mut Ebpf, name: &str, stale: impl Fn(&V) 
         }
     }
     Ok(freed)
+}
+
+/// Busy slots of a slot table.
+fn busy<V: aya::Pod + Default>(ebpf: &Ebpf, name: &str) -> Result<u64> {
+    let table: Array<_, Slot<V>> = Array::try_from(ebpf.map(name).with_context(|| format!("{name} map"))?)?;
+    let mut n = 0;
+    for i in 0..table.len() {
+        n += (table.get(&i, 0)?.key != 0) as u64;
+    }
+    Ok(n)
 }
 
 fn log_status(s: &HookStatus) {

@@ -395,26 +395,85 @@ fn run_interleaved(
     Ok(())
 }
 
-/// RSS of `tracerd run` sampled every second over a saturated run: (peak KiB, first, last, lost).
-fn soak(dev: &str, seconds: u64) -> Result<(Vec<u64>, u64, String)> {
+/// One second of the soak, from tracerd's own /metrics and /proc.
+#[derive(Clone, Copy, Debug, Default)]
+struct SoakSample {
+    t_s: u64,
+    rss_kib: u64,
+    open_fds: u64,
+    in_flight_bios: u64,
+    in_flight_requests: u64,
+    records: u64,
+    lost: u64,
+}
+
+fn metric(body: &str, series: &str) -> Option<f64> {
+    body.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// `tracerd run` at saturation for `seconds`, scraped every second (as Prometheus would):
+/// RSS, open fds, in-flight table occupancy, records and lost events over time.
+fn soak(dev: &str, seconds: u64) -> Result<(Vec<SoakSample>, String)> {
     let mut tracer = Tracer::start(Variant::TracerdRun, 9598)?;
     let pid = tracer.pid().context("tracerd pid")?;
+    let addr = tracer.metrics.clone().context("tracerd run serves metrics")?;
     let w = Workload { name: "soak".into(), iodepth: 32, rate_iops: None };
     let dev = dev.to_owned();
     let fio_thread = std::thread::spawn(move || fio(&dev, &w, seconds));
-    let mut rss = Vec::new();
+    let mut samples = Vec::new();
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(seconds) {
         sleep(Duration::from_secs(1));
-        if let Some(kib) = status_kib(pid, "VmRSS:") {
-            rss.push(kib);
-        }
+        let body =
+            output(Command::new("curl").args(["-s", "--max-time", "2", &format!("http://{addr}/metrics")]))
+                .unwrap_or_default();
+        let lost = body
+            .lines()
+            .filter(|l| l.starts_with("tracerd_events_lost_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64;
+        samples.push(SoakSample {
+            t_s: start.elapsed().as_secs(),
+            rss_kib: status_kib(pid, "VmRSS:").unwrap_or(0),
+            open_fds: metric(&body, "process_open_fds").unwrap_or(0.0) as u64,
+            in_flight_bios: metric(&body, "tracerd_in_flight_entries{table=\"bios\"}").unwrap_or(0.0) as u64,
+            in_flight_requests: metric(&body, "tracerd_in_flight_entries{table=\"requests\"}").unwrap_or(0.0)
+                as u64,
+            records: metric(&body, "tracerd_records_total").unwrap_or(0.0) as u64,
+            lost,
+        });
     }
     fio_thread.join().map_err(|_| anyhow::anyhow!("fio thread panicked"))??;
-    let lost = tracer.lost_from_metrics().unwrap_or(u64::MAX);
     let reasons = tracer.lost_reasons();
     tracer.stop()?;
-    Ok((rss, lost, reasons))
+    Ok((samples, reasons))
+}
+
+/// About ten evenly spaced rows of the soak, and the last.
+fn soak_table(samples: &[SoakSample]) -> String {
+    let mut out = String::from("    t   RSS MiB   fds   in-flight bios/requests   records/s        lost\n");
+    let step = (samples.len() / 10).max(1);
+    let mut prev: Option<&SoakSample> = None;
+    for (i, s) in samples.iter().enumerate() {
+        if i % step != 0 && i + 1 != samples.len() {
+            continue;
+        }
+        let rate = prev
+            .map_or(0.0, |p| (s.records - p.records.min(s.records)) as f64 / (s.t_s - p.t_s).max(1) as f64);
+        let _ = writeln!(
+            out,
+            "{:>5}s {:>9.1} {:>5} {:>12}/{:<12} {:>10.0} {:>11}",
+            s.t_s,
+            s.rss_kib as f64 / 1024.0,
+            s.open_fds,
+            s.in_flight_bios,
+            s.in_flight_requests,
+            rate,
+            s.lost
+        );
+        prev = Some(s);
+    }
+    out
 }
 
 fn records_benchmark() -> Result<String> {
@@ -482,13 +541,25 @@ pub fn bench(opts: Options) -> Result<()> {
         )?;
     }
     eprintln!("xtask: bench: soak: tracerd run at saturation for {} s", opts.soak_seconds);
-    let (rss, soak_lost, lost_reasons) = soak(&dev, opts.soak_seconds)?;
+    let (samples, lost_reasons) = soak(&dev, opts.soak_seconds)?;
     if !lost_reasons.is_empty() {
         eprintln!("xtask: bench: soak lost events by reason: {lost_reasons}");
     }
+    let rss: Vec<u64> = samples.iter().map(|s| s.rss_kib).filter(|&k| k > 0).collect();
+    let soak_lost = samples.last().map_or(0, |s| s.lost);
     let records = records_benchmark()?;
 
-    let text = summarize(&results, &rss, soak_lost, opts.soak_seconds, &records);
+    let mut text = summarize(&results, &rss, soak_lost, opts.soak_seconds, &records);
+    let fds: Vec<u64> = samples.iter().map(|s| s.open_fds).filter(|&n| n > 0).collect();
+    let _ = write!(
+        text,
+        "\nsoak over time (scraped every second; lost events by reason: {}):\n{}open fds: first {}, last {}, max {}\n",
+        if lost_reasons.is_empty() { "none" } else { &lost_reasons },
+        soak_table(&samples),
+        fds.first().unwrap_or(&0),
+        fds.last().unwrap_or(&0),
+        fds.iter().max().unwrap_or(&0)
+    );
     print!("{text}");
     fs::write(dir.join("bench.txt"), &text)?;
     fs::write(dir.join("bench.json"), to_json(&results, &rss, soak_lost, &records))?;
