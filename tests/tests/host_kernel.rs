@@ -444,3 +444,91 @@ fn user_errors_are_clear_and_fail() {
     assert!(err.contains("/nonexistent-dir") && err.contains("does not exist"), "{err}");
     assert!(!err.contains("hooks; tracing"), "refused before tracing: {err}");
 }
+
+/// `doctor --json` run directly or under a wrapper (setpriv): exit status, checks, stderr.
+fn doctor(wrapper: &[&str], args: &[&str]) -> (std::process::ExitStatus, Vec<Value>, String) {
+    let mut cmd = match wrapper.split_first() {
+        Some((program, rest)) => {
+            let mut c = std::process::Command::new(program);
+            c.args(rest).arg(tracerd_tests::tracerd_bin());
+            c
+        }
+        None => std::process::Command::new(tracerd_tests::tracerd_bin()),
+    };
+    let out = cmd.arg("doctor").args(args).output().expect("spawn tracerd doctor");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let checks: Vec<Value> = if args.contains(&"--json") {
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("doctor --json is not JSON ({e}):\n{stdout}"))
+    } else {
+        vec![Value::String(stdout.into_owned())]
+    };
+    (out.status, checks, stderr.into_owned())
+}
+
+fn check<'a>(checks: &'a [Value], name: &str) -> &'a Value {
+    checks.iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("no check {name} in {checks:#?}"))
+}
+
+const NOBODY: [&str; 6] =
+    ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"];
+
+#[test]
+fn doctor_checks_this_kernel_and_says_what_privileges_change() {
+    require_root();
+    let (status, checks, err) = doctor(&[], &["--json"]);
+    assert!(status.success(), "doctor failed here:\n{checks:#?}\n{err}");
+    for c in &checks {
+        assert!(["ok", "warn", "fail"].contains(&c["status"].as_str().unwrap()), "{c}");
+        assert!(!c["detail"].as_str().unwrap().is_empty(), "{c}");
+        assert!(c["advice"].is_null() || c["advice"].is_string(), "{c}");
+    }
+    assert!(checks.iter().all(|c| c["status"] != "fail"), "exit 0 means no FAIL: {checks:#?}");
+    for name in ["privileges", "btf", "layout", "op_enums", "ring_buffer", "load"] {
+        assert_eq!(check(&checks, name)["status"], "ok", "{name}: {checks:#?}");
+    }
+    for hook in tracerd::hooks::HOOKS {
+        assert!(
+            checks.iter().any(|c| c["name"] == format!("tracepoint:{}", hook.tracepoint)),
+            "{}",
+            hook.tracepoint
+        );
+    }
+    for name in ["tracepoint:block_rq_issue", "tracepoint:block_rq_complete"] {
+        let c = check(&checks, name);
+        assert_eq!(c["status"], "ok", "{c}");
+        // The load test's attach type for the hook.
+        let detail = c["detail"].as_str().unwrap();
+        assert!(detail.contains("tp_btf") || detail.contains("raw_tp"), "{c}");
+    }
+    // No kprobe PMU on this host kernel (there is one in the VM's): the check follows the kernel.
+    let pmu = std::path::Path::new("/sys/bus/event_source/devices/kprobe").exists();
+    let kprobes = check(&checks, "kprobes");
+    assert_eq!(kprobes["status"], if pmu { "ok" } else { "warn" }, "{kprobes}");
+    if !pmu {
+        assert!(kprobes["advice"].is_string(), "says what to do: {kprobes}");
+    }
+    for k in tracerd::hooks::KPROBES {
+        check(&checks, &format!("kprobe:{}", k.function));
+    }
+    // Without privileges: a FAIL for them with what to do, the rest still checked, no panic.
+    let (status, checks, err) = doctor(&NOBODY, &["--json"]);
+    assert_eq!(status.code(), Some(1), "{checks:#?}\n{err}");
+    let privileges = check(&checks, "privileges");
+    assert_eq!(privileges["status"], "fail", "{privileges}");
+    assert!(privileges["advice"].as_str().unwrap().contains("sudo"), "{privileges}");
+    assert_eq!(check(&checks, "btf")["status"], "ok", "BTF is readable by anyone");
+    assert_eq!(check(&checks, "tracepoint:block_rq_issue")["status"], "ok");
+    for name in ["ring_buffer", "load"] {
+        let c = check(&checks, name);
+        assert_eq!(c["status"], "warn", "not checked without privileges: {c}");
+        assert!(c["advice"].is_string(), "{c}");
+    }
+    // The text form ends with the verdict naming the first failure, without colour in a pipe.
+    let (status, text, _) = doctor(&NOBODY, &[]);
+    assert_eq!(status.code(), Some(1));
+    let text = text[0].as_str().unwrap();
+    let verdict = text.lines().last().unwrap();
+    assert!(verdict.starts_with("tracerd cannot run here: privileges"), "{text}");
+    assert!(!text.contains('\x1b'), "no colour when stdout is not a terminal");
+}

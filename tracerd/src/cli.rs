@@ -12,12 +12,13 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9560";
     version,
     about = "eBPF block-layer latency tracer: times every IO through Q, G, I, D, C per device",
     long_about = None,
-    after_help = "Examples:\n  sudo tracerd run                      # agent: /metrics on 127.0.0.1:9560\n  sudo tracerd report --duration 10     # btt-style tables for every device\n  sudo tracerd snoop --device nvme0n1   # one line per IO\n  tracerd diff before.json after.json   # compare two saved captures"
+    after_help = "Examples:\n  sudo tracerd run                      # agent: /metrics on 127.0.0.1:9560\n  sudo tracerd report --duration 10     # btt-style tables for every device\n  sudo tracerd snoop --device nvme0n1   # one line per IO\n  tracerd diff before.json after.json   # compare two saved captures\n  sudo tracerd doctor                   # what works on this kernel, and why"
 )]
 pub struct Cli {
-    /// Log level (error, warn, info, debug, trace); RUST_LOG overrides.
-    #[arg(long, global = true, default_value = "info")]
-    pub log_level: String,
+    /// Log level (error, warn, info, debug, trace) [default: info; error for doctor, which
+    /// reports everything itself]; RUST_LOG overrides.
+    #[arg(long, global = true, value_name = "LEVEL")]
+    pub log_level: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -103,6 +104,21 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Check this kernel and these privileges: BTF, struct layout, every hook, kprobes, the ring
+    /// buffer, and a real load and attach; prints what will and will not work, and why. Needs no
+    /// running tracerd, and runs without root too (then says what root would change). Exit
+    /// status 1 if a check FAILed, else 0 (also with warnings).
+    #[command(
+        after_help = "Examples:\n  sudo tracerd doctor                # every check, including a real load and attach\n  tracerd doctor                     # unprivileged: what works, what root would change\n  sudo tracerd doctor --no-load      # only what the kernel describes (no programs loaded)\n  sudo tracerd doctor --json | jq '.[] | select(.status != \"ok\")'"
+    )]
+    Doctor {
+        /// Print a JSON array of checks ({name, status, detail, advice}) instead of lines.
+        #[arg(long)]
+        json: bool,
+        /// Skip the load test (loading and attaching every program, then detaching them).
+        #[arg(long)]
+        no_load: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -151,5 +167,8 @@ mod tests {
         let cli = Cli::try_parse_from(["tracerd", "diff", "a.json", "b.json", "--json"]).unwrap();
         assert!(matches!(cli.command, Command::Diff { json: true, .. }));
         assert!(Cli::try_parse_from(["tracerd", "diff", "a.json"]).is_err(), "diff takes two captures");
+        let cli = Cli::try_parse_from(["tracerd", "doctor", "--json", "--no-load"]).unwrap();
+        assert!(matches!(cli.command, Command::Doctor { json: true, no_load: true }));
+        assert_eq!(cli.log_level, None, "each subcommand picks its default level");
     }
 }

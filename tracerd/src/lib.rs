@@ -7,6 +7,7 @@ pub mod capture;
 pub mod cli;
 pub mod config;
 pub mod diff;
+pub mod doctor;
 pub mod hooks;
 pub mod http;
 pub mod layers;

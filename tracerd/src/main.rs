@@ -7,7 +7,7 @@ use tracerd::{
     aggregate,
     cli::{By, Cli, Command, TraceArgs},
     config::{Config, Flags},
-    diff, report, run,
+    diff, doctor, report, run,
     selection::Selection,
     snoop,
     tracer::LoadOptions,
@@ -15,8 +15,11 @@ use tracerd::{
 
 fn main() {
     let cli = Cli::parse();
+    // doctor reports every finding itself; its load test's attach logs would repeat them.
+    let default_level = if matches!(cli.command, Command::Doctor { .. }) { "error" } else { "info" };
+    let level = cli.log_level.as_deref().unwrap_or(default_level);
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cli.log_level));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -64,5 +67,12 @@ async fn dispatch(command: Command) -> Result<()> {
             snoop::snoop(json, duration, selection, opts).await
         }
         Command::Diff { a, b, json } => diff::diff(&a, &b, json),
+        Command::Doctor { json, no_load } => {
+            // A FAIL is a finding, already printed: exit 1 without an error line.
+            if !doctor::doctor(json, !no_load)? {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
     }
 }

@@ -41,12 +41,12 @@ pub struct Tracer {
     kprobes_loaded: bool,
 }
 
-const CAP_SYS_ADMIN: u32 = 21;
-const CAP_PERFMON: u32 = 38;
-const CAP_BPF: u32 = 39;
+pub const CAP_SYS_ADMIN: u32 = 21;
+pub const CAP_PERFMON: u32 = 38;
+pub const CAP_BPF: u32 = 39;
 
-/// Effective capabilities of this process.
-fn effective_caps() -> u64 {
+/// Effective capabilities of this process (a bit per capability number).
+pub fn effective_caps() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
@@ -55,11 +55,15 @@ fn effective_caps() -> u64 {
         .unwrap_or(0)
 }
 
+/// Whether these capabilities let tracerd load and attach its programs.
+pub fn can_load(caps: u64) -> bool {
+    let has = |cap: u32| caps & (1 << cap) != 0;
+    has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
+}
+
 /// Fails early, with advice, where loading cannot work.
 pub fn preflight() -> Result<()> {
-    let caps = effective_caps();
-    let has = |cap: u32| caps & (1 << cap) != 0;
-    if !(has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))) {
+    if !can_load(effective_caps()) {
         bail!(
             "tracerd needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN) to load its kernel programs, \
              and this process has neither. Run it as root (sudo tracerd ...) or grant them: \
@@ -78,7 +82,7 @@ pub fn preflight() -> Result<()> {
 }
 
 /// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK; later ones do not need this.
-fn raise_memlock() {
+pub(crate) fn raise_memlock() {
     let unlimited = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
     // SAFETY: plain syscall with a valid struct.
     if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {

@@ -1,0 +1,1117 @@
+//! `tracerd doctor`: checks this kernel and this process (BTF, struct layout, hooks, kprobes,
+//! ring buffer, a real load) and says what will and will not work here, and why.
+//!
+//! Every check runs also without privileges: a check that needs them says what root or the
+//! capabilities would change instead of stopping the run. Facts are gathered first, then
+//! turned into checks by pure functions, so the verdicts are tested without a kernel.
+
+use std::{
+    collections::HashMap,
+    io::{IsTerminal, Write},
+    os::fd::{FromRawFd, OwnedFd},
+};
+
+use anyhow::Result;
+use serde::Serialize;
+use tracer_common::{bio_dev_path, limits, rq_disk_path};
+
+use crate::{
+    btf::{Btf, VMLINUX},
+    hooks::{HOOKS, Hook, HookStatus, KPROBES, kprobes_available},
+    layout,
+    op::OpDecoder,
+    topology::{Device, Topology},
+    tracer::{self, CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, LoadOptions, Tracer},
+    units,
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Ok,
+    /// Works, with something missing or unverified.
+    Warn,
+    /// tracerd cannot run here.
+    Fail,
+}
+
+impl Status {
+    fn label(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Warn => "warn",
+            Status::Fail => "FAIL",
+        }
+    }
+
+    fn colour(self) -> &'static str {
+        match self {
+            Status::Ok => "\x1b[32m",
+            Status::Warn => "\x1b[33m",
+            Status::Fail => "\x1b[1;31m",
+        }
+    }
+}
+
+/// One line of the report; the JSON output is an array of these.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Check {
+    /// Stable identifier for scripts: `btf`, `tracepoint:block_rq_issue`, `kprobe:md_submit_bio`.
+    pub name: String,
+    pub status: Status,
+    /// What was found, and for a warn or FAIL what that costs.
+    pub detail: String,
+    /// What to do about it, where something can be done.
+    pub advice: Option<String>,
+}
+
+impl Check {
+    fn new(name: impl Into<String>, status: Status, detail: impl Into<String>) -> Check {
+        Check { name: name.into(), status, detail: detail.into(), advice: None }
+    }
+
+    fn advice(mut self, advice: impl Into<String>) -> Check {
+        self.advice = Some(advice.into());
+        self
+    }
+}
+
+/// Runs every check, prints them (text or JSON); returns whether nothing FAILed.
+pub fn doctor(json: bool, load: bool) -> Result<bool> {
+    let checks = run_checks(load);
+    let mut out = std::io::stdout().lock();
+    if json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&checks)?)?;
+    } else {
+        let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+        write!(out, "{}", render(&checks, colour))?;
+    }
+    out.flush()?;
+    Ok(passed(&checks))
+}
+
+/// What the load test found.
+#[derive(Clone, Debug)]
+enum LoadTest {
+    /// `--no-load`.
+    Skipped,
+    Unprivileged,
+    Failed(String),
+    /// Every hook's status, tracepoints first (as `Tracer::hooks`).
+    Loaded(Vec<HookStatus>),
+}
+
+fn run_checks(load: bool) -> Vec<Check> {
+    let caps = tracer::effective_caps();
+    let privileged = tracer::can_load(caps);
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    let mut checks = vec![kernel_check(&tracer::kernel_release()), privileges_check(caps, euid)];
+
+    let (btf_checks, btf) = btf_checks(std::fs::read(VMLINUX));
+    checks.extend(btf_checks);
+
+    // The load test first: its per-hook results complete the static hook checks below.
+    let load_test = if !load {
+        LoadTest::Skipped
+    } else if !privileged {
+        LoadTest::Unprivileged
+    } else {
+        match Tracer::load(&LoadOptions::default()) {
+            // Dropping the tracer detaches and unloads everything it attached.
+            Ok(t) => LoadTest::Loaded(t.hooks.clone()),
+            Err(e) => LoadTest::Failed(format!("{e:#}")),
+        }
+    };
+    let attached = match &load_test {
+        LoadTest::Loaded(hooks) => Some(hooks.as_slice()),
+        _ => None,
+    };
+    checks.extend(tracepoint_checks(btf.as_ref(), attached));
+
+    let topology = Topology::scan().map_err(|e| format!("{e:#}"));
+    let functions: Vec<&str> = KPROBES.iter().map(|k| k.function).collect();
+    let symbols = std::fs::read_to_string(KALLSYMS)
+        .map(|text| kallsyms_lookup(&text, &functions))
+        .map_err(|e| e.to_string());
+    let devices: Vec<Device> = topology.as_ref().map(|t| t.devices().cloned().collect()).unwrap_or_default();
+    checks.extend(kprobe_checks(kprobes_available(), &symbols, &devices, &module_state, attached));
+
+    checks.push(ring_buffer_check(privileged, create_ring_buffer));
+    checks.push(load_check(&load_test));
+    checks.push(bpf_stats_check(read_sysctl("bpf_stats_enabled").as_deref()));
+    checks.push(unprivileged_bpf_check(read_sysctl("unprivileged_bpf_disabled").as_deref()));
+    checks.push(devices_check(topology.as_ref().map_err(String::as_str), kprobes_available()));
+    checks
+}
+
+fn read_sysctl(name: &str) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/sys/kernel/{name}")).ok().map(|s| s.trim().to_owned())
+}
+
+/// Major and minor of a release such as `6.18.44-fc-v857`.
+fn parse_release(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+fn kernel_check(release: &str) -> Check {
+    match parse_release(release) {
+        // Distributions backport, so an old number is a warning; the ring buffer check decides.
+        Some(v) if v < (5, 8) => Check::new(
+            "kernel",
+            Status::Warn,
+            format!(
+                "{release}: older than 5.8, which brought the BPF ring buffer and CAP_BPF; only \
+                 a kernel with both backported can run tracerd (see ring_buffer)"
+            ),
+        )
+        .advice("use kernel 5.8 or later (tracerd is tested on 6.1 and 6.18)"),
+        Some(_) => Check::new("kernel", Status::Ok, release),
+        None => Check::new("kernel", Status::Warn, format!("cannot read the version in release '{release}'")),
+    }
+}
+
+fn privileges_check(caps: u64, euid: u32) -> Check {
+    let has = |cap: u32| caps & (1 << cap) != 0;
+    let named = [(CAP_SYS_ADMIN, "CAP_SYS_ADMIN"), (CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")];
+    let held: Vec<&str> = named.iter().filter(|(c, _)| has(*c)).map(|(_, n)| *n).collect();
+    let held = if held.is_empty() { "none of them".to_owned() } else { held.join(", ") };
+    if tracer::can_load(caps) {
+        return Check::new("privileges", Status::Ok, format!("uid {euid}; effective: {held}"));
+    }
+    let missing = match (has(CAP_BPF), has(CAP_PERFMON)) {
+        (true, false) => "CAP_PERFMON (CAP_BPF alone cannot attach tracing programs)",
+        (false, true) => "CAP_BPF (CAP_PERFMON alone cannot load programs)",
+        _ => "CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN)",
+    };
+    Check::new(
+        "privileges",
+        Status::Fail,
+        format!(
+            "uid {euid}; of CAP_SYS_ADMIN, CAP_BPF, CAP_PERFMON effective: {held}; tracerd needs \
+             {missing} to load its programs"
+        ),
+    )
+    .advice(
+        "run as root (sudo tracerd doctor), or grant the capabilities: sudo setcap \
+         cap_bpf,cap_perfmon+ep $(command -v tracerd); with them the ring buffer and load checks run too",
+    )
+}
+
+/// The BTF check, then the two that need BTF: struct layout and op enums. Returns the parsed
+/// BTF for the hook checks.
+fn btf_checks(read: std::io::Result<Vec<u8>>) -> (Vec<Check>, Option<Btf>) {
+    let without_btf = |name: &str| Check::new(name, Status::Fail, "not checked: no usable BTF (see btf)");
+    let failed = |btf: Check| (vec![btf, without_btf("layout"), without_btf("op_enums")], None);
+    let data = match read {
+        Ok(data) => data,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return failed(
+                Check::new("btf", Status::Fail, format!("{VMLINUX} is missing: this kernel exposes no BTF"))
+                    .advice(
+                        "use a kernel built with CONFIG_DEBUG_INFO_BTF=y (most distribution kernels \
+                         since 5.4 are); tracerd reads struct layouts from it",
+                    ),
+            );
+        }
+        Err(e) => {
+            return failed(
+                Check::new("btf", Status::Fail, format!("cannot read {VMLINUX}: {e}"))
+                    .advice("run as root (sudo tracerd doctor)"),
+            );
+        }
+    };
+    let btf = match Btf::parse(&data) {
+        Ok(btf) => btf,
+        Err(e) => {
+            return failed(Check::new("btf", Status::Fail, format!("{VMLINUX}: {e}")).advice(
+                "tracerd's BTF reader cannot parse this kernel's BTF: report it with `uname -r` \
+                 and the kernel's origin",
+            ));
+        }
+    };
+    let mut checks =
+        vec![Check::new("btf", Status::Ok, format!("{VMLINUX}: {} parsed", units::bytes(data.len() as f64)))];
+    checks.push(match layout::resolve(&btf) {
+        Ok(l) => {
+            let bio = if l.bio_dev_path == bio_dev_path::BDEV {
+                "bio->bi_bdev (5.12+)"
+            } else {
+                "bio->bi_disk + bi_partno (before 5.12)"
+            };
+            let rq = if l.rq_disk_path == rq_disk_path::QUEUE {
+                "rq->q->disk (5.17+)"
+            } else {
+                "rq->rq_disk (before 5.17)"
+            };
+            Check::new(
+                "layout",
+                Status::Ok,
+                format!("every struct offset tracerd reads resolves; variants: {bio}, {rq}"),
+            )
+        }
+        Err(e) => Check::new("layout", Status::Fail, format!("{e:#}")).advice(
+            "this kernel's block structs differ from every layout tracerd knows: report it with `uname -r`",
+        ),
+    });
+    checks.push(match OpDecoder::from_btf(&btf) {
+        Ok(_) => {
+            let op = |n: &str| btf.enumerator(n).map_or("?".into(), |v| v.to_string());
+            Check::new(
+                "op_enums",
+                Status::Ok,
+                format!(
+                    "REQ_OP_READ={} WRITE={} FLUSH={} DISCARD={}; flag bits from __REQ_*",
+                    op("REQ_OP_READ"),
+                    op("REQ_OP_WRITE"),
+                    op("REQ_OP_FLUSH"),
+                    op("REQ_OP_DISCARD")
+                ),
+            )
+        }
+        Err(e) => Check::new("op_enums", Status::Fail, format!("{e:#}"))
+            .advice("tracerd cannot tell reads from writes on this kernel: report it with `uname -r`"),
+    });
+    (checks, Some(btf))
+}
+
+/// What tracerd loses without an optional tracepoint.
+fn without(tracepoint: &str) -> &'static str {
+    match tracepoint {
+        "block_bio_queue" => {
+            "no Q: no q2g, q2d, q2c or q2m, and bio-based devices (md, dm, brd) are not timed"
+        }
+        "block_getrq" => "no G: no q2g, g2i or g2d",
+        "block_split" => "the split-off parts of large bios have no Q, so their requests lack q2* stages",
+        "block_bio_backmerge" | "block_bio_frontmerge" => {
+            "merged bios are not counted (tracerd_io_merged_bios_total, q2m) and are evicted later \
+             as stale_bio"
+        }
+        "block_rq_insert" => "no I: no g2i or i2d; requests through the scheduler look like direct dispatch",
+        "block_rq_requeue" => {
+            "a requeued request's next issue counts as missed_completion instead of being timed"
+        }
+        "block_bio_remap" => "no per-layer split of md/dm IO (tracerd_io_layer_seconds)",
+        "block_rq_remap" => "no per-layer split of request-based dm (multipath)",
+        "block_bio_complete" => "bio-based devices (md, dm, brd) never complete: no q2c, no per-layer split",
+        _ => "nothing can be timed",
+    }
+}
+
+/// One check per tracepoint hook: in BTF or not, which variant, and (after a load test) how it
+/// attached.
+fn tracepoint_checks(btf: Option<&Btf>, attached: Option<&[HookStatus]>) -> Vec<Check> {
+    HOOKS
+        .iter()
+        .map(|hook| {
+            tracepoint_check(hook, btf, attached.and_then(|s| s.iter().find(|s| s.hook == hook.tracepoint)))
+        })
+        .collect()
+}
+
+fn tracepoint_check(hook: &Hook, btf: Option<&Btf>, attached: Option<&HookStatus>) -> Check {
+    let name = format!("tracepoint:{}", hook.tracepoint);
+    let need = if hook.required { "required" } else { "optional" };
+    let Some(btf) = btf else {
+        return Check::new(name, Status::Warn, format!("{need}; not checked without BTF (see btf)"));
+    };
+    let in_kernel = btf.tracepoint_args(hook.tracepoint);
+    let missing = |why: String| {
+        if !hook.required {
+            return Check::new(
+                &name,
+                Status::Warn,
+                format!("{need}; {why}; without it {}", without(hook.tracepoint)),
+            );
+        }
+        let advice = match &in_kernel {
+            None => {
+                "this kernel lacks a block tracepoint every kernel since 2.6.x has: use one built \
+                     with tracepoints and BPF events (CONFIG_BPF_EVENTS=y)"
+            }
+            Some(_) => {
+                "tracerd was not built for this kernel's tracepoint arguments: report it with `uname -r`"
+            }
+        };
+        Check::new(&name, Status::Fail, format!("{need}; {why}: tracerd cannot trace without it"))
+            .advice(advice)
+    };
+    let n = match hook.variant(btf) {
+        Ok(n) => n,
+        Err(why) => return missing(why),
+    };
+    let pointer = in_kernel.as_ref().and_then(|a| a.get(n).cloned()).unwrap_or_default();
+    let found =
+        format!("{need}; btf_trace_{} has struct {pointer} * at argument {n}: variant a{n}", hook.tracepoint);
+    match attached.map(|s| (s.attach_type, &s.reason)) {
+        None => Check::new(&name, Status::Ok, found),
+        Some((Some(how), None)) => Check::new(&name, Status::Ok, format!("{found}; attached as {how}")),
+        Some((Some(how), Some(why))) => {
+            Check::new(&name, Status::Ok, format!("{found}; attached as {how} ({why})"))
+        }
+        Some((None, why)) => {
+            missing(format!("{found}, but attaching failed: {}", why.as_deref().unwrap_or("unknown reason")))
+        }
+    }
+}
+
+const KALLSYMS: &str = "/proc/kallsyms";
+
+/// The functions of `wanted` that /proc/kallsyms lists as code (`t`/`T`), each with its module
+/// (None: built into the kernel). Lines are `address type name [module]`.
+pub fn kallsyms_lookup(text: &str, wanted: &[&str]) -> HashMap<String, Option<String>> {
+    let mut found = HashMap::new();
+    for line in text.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(_), Some(kind), Some(name)) = (fields.next(), fields.next(), fields.next()) else {
+            continue;
+        };
+        if matches!(kind, "t" | "T") && wanted.contains(&name) {
+            let module = fields.next().map(|m| m.trim_start_matches('[').trim_end_matches(']').to_owned());
+            found.entry(name.to_owned()).or_insert(module);
+        }
+    }
+    found
+}
+
+/// For a kprobed function: its module, the devices it serves, and whether a device is one.
+fn owner(function: &str) -> (&'static str, &'static str, fn(&Device) -> bool) {
+    match function {
+        "md_submit_bio" => ("md_mod", "md", |d| d.md_level.is_some()),
+        "raid1_make_request" => ("raid1", "md raid1", |d| d.md_level.as_deref() == Some("raid1")),
+        "dm_mq_queue_rq" => {
+            ("dm_mod", "request-based dm (multipath)", |d| d.dm_name.is_some() && d.request_based)
+        }
+        _ => ("dm_mod", "dm", |d| d.dm_name.is_some()),
+    }
+}
+
+/// Whether a kernel module is loaded, could be, or does not exist for this kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ModuleState {
+    Loaded,
+    NotLoaded,
+    /// Neither in modules.dep nor in modules.builtin.
+    NotBuilt,
+    /// No module lists to look in (no /lib/modules/<release>).
+    Unknown,
+}
+
+fn module_state(module: &str) -> ModuleState {
+    if std::path::Path::new("/sys/module").join(module).exists() {
+        return ModuleState::Loaded;
+    }
+    let dir = format!("/lib/modules/{}", tracer::kernel_release());
+    let lists: Vec<String> = ["modules.dep", "modules.builtin"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(format!("{dir}/{f}")).ok())
+        .collect();
+    match lists.is_empty() {
+        true => ModuleState::Unknown,
+        false if lists.iter().any(|l| module_listed(l, module)) => ModuleState::NotLoaded,
+        false => ModuleState::NotBuilt,
+    }
+}
+
+/// Whether modules.dep or modules.builtin (`kernel/drivers/md/md-mod.ko.xz: ...`) lists
+/// `module` (`md_mod`: file names use either `-` or `_`).
+fn module_listed(list: &str, module: &str) -> bool {
+    list.lines().any(|line| {
+        let path = line.split(':').next().unwrap_or_default();
+        let file = path.rsplit('/').next().unwrap_or_default();
+        file.split(".ko").next().is_some_and(|stem| stem.replace('-', "_") == module)
+    })
+}
+
+/// The kprobe PMU, then one check per kprobed function.
+fn kprobe_checks(
+    pmu: bool,
+    symbols: &std::result::Result<HashMap<String, Option<String>>, String>,
+    devices: &[Device],
+    modules: &dyn Fn(&str) -> ModuleState,
+    attached: Option<&[HookStatus]>,
+) -> Vec<Check> {
+    let mut checks = vec![if pmu {
+        Check::new(
+            "kprobes",
+            Status::Ok,
+            "kprobe PMU present: md/dm submit-path time and per-layer attribution are available",
+        )
+    } else {
+        Check::new(
+            "kprobes",
+            Status::Warn,
+            "no kprobe PMU (/sys/bus/event_source/devices/kprobe is missing: the kernel lacks \
+             CONFIG_KPROBE_EVENTS): md/dm submit-path time (tracerd_io_submit_seconds) and per-layer \
+             attribution (tracerd_io_layer_seconds) are off; Q2C of md/dm devices is still measured",
+        )
+        .advice("only for stacked devices: use a kernel with CONFIG_KPROBES=y and CONFIG_KPROBE_EVENTS=y")
+    }];
+    for k in KPROBES {
+        let name = format!("kprobe:{}", k.function);
+        let symbols = match symbols {
+            Ok(s) => s,
+            Err(e) => {
+                checks.push(Check::new(&name, Status::Warn, format!("cannot read {KALLSYMS}: {e}")));
+                continue;
+            }
+        };
+        let (module, kind, serves) = owner(k.function);
+        let users: Vec<&str> = devices.iter().filter(|d| serves(d)).map(|d| d.name.as_str()).collect();
+        let listed = symbols.get(k.function);
+        let state = modules(module);
+        let place = match (listed, state) {
+            (Some(Some(m)), _) => format!("in {KALLSYMS} (module {m})"),
+            (Some(None), _) => format!("in {KALLSYMS} (built in)"),
+            (None, ModuleState::Loaded) => format!("not in {KALLSYMS} although {module} is loaded"),
+            (None, ModuleState::NotLoaded) => format!("not in {KALLSYMS}: {module} is not loaded"),
+            (None, ModuleState::NotBuilt) => {
+                format!("not in {KALLSYMS}: this kernel has no {module} module, so no {kind} devices")
+            }
+            (None, ModuleState::Unknown) => {
+                format!("not in {KALLSYMS}: {module} is not loaded (or not built for this kernel)")
+            }
+        };
+        let check = if listed.is_none() && users.is_empty() && state == ModuleState::NotBuilt {
+            Check::new(&name, Status::Ok, format!("{place}: nothing to probe"))
+        } else if !pmu {
+            Check::new(
+                &name,
+                Status::Warn,
+                format!("{place}; cannot be probed without the kprobe PMU (see kprobes)"),
+            )
+        } else if listed.is_none() && !users.is_empty() {
+            Check::new(
+                &name,
+                Status::Warn,
+                format!(
+                    "{place}, yet {kind} devices exist ({}): their submit-path time and per-layer split \
+                     are off",
+                    users.join(", ")
+                ),
+            )
+            .advice(format!(
+                "this kernel's {module} has no {} (renamed or inlined): report it with `uname -r`",
+                k.function
+            ))
+        } else if listed.is_none() && state == ModuleState::Loaded {
+            Check::new(
+                &name,
+                Status::Warn,
+                format!(
+                    "{place}: this kernel's {module} has no such function (renamed or inlined); {kind} \
+                     devices will lack their per-layer split"
+                ),
+            )
+        } else if listed.is_none() {
+            // Nothing is lost now: no such device can exist until the module is loaded.
+            Check::new(
+                &name,
+                Status::Ok,
+                format!("{place} (no {kind} devices); attach when {module} is loaded; tracerd retries"),
+            )
+        } else {
+            match attached.and_then(|hooks| hooks.iter().find(|s| s.hook == k.function)) {
+                None => Check::new(&name, Status::Ok, place),
+                Some(s) if s.attached() => {
+                    Check::new(&name, Status::Ok, format!("{place}; attached (kprobe and kretprobe)"))
+                }
+                Some(s) => Check::new(
+                    &name,
+                    Status::Warn,
+                    format!(
+                        "{place}, but attaching failed: {}",
+                        s.reason.as_deref().unwrap_or("unknown reason")
+                    ),
+                )
+                .advice("see /sys/kernel/debug/kprobes/blacklist: a function there cannot be probed"),
+            }
+        };
+        checks.push(check);
+    }
+    checks
+}
+
+/// Creates and closes a BPF ring buffer map of `bytes` (BPF_MAP_CREATE).
+fn create_ring_buffer(bytes: u32) -> std::io::Result<()> {
+    use aya_obj::generated::{bpf_attr, bpf_attr__bindgen_ty_1, bpf_cmd, bpf_map_type};
+    tracer::raise_memlock();
+    // SAFETY: plain C types, valid when zeroed.
+    let (mut attr, mut create): (bpf_attr, bpf_attr__bindgen_ty_1) =
+        unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    create.map_type = bpf_map_type::BPF_MAP_TYPE_RINGBUF as u32;
+    create.max_entries = bytes;
+    for (dst, src) in create.map_name.iter_mut().zip(b"tracerd_doctor") {
+        *dst = *src as libc::c_char;
+    }
+    attr.__bindgen_anon_1 = create;
+    // SAFETY: attr is a live bpf_attr of the size given; BPF_MAP_CREATE only reads it.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            bpf_cmd::BPF_MAP_CREATE as libc::c_long,
+            &raw mut attr,
+            std::mem::size_of::<bpf_attr>(),
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor to us; dropping it frees the map.
+    drop(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+    Ok(())
+}
+
+fn ring_buffer_check(privileged: bool, create: impl FnOnce(u32) -> std::io::Result<()>) -> Check {
+    let bytes = limits::RINGBUF_BYTES;
+    let size = units::bytes(bytes as f64);
+    if !privileged {
+        return Check::new(
+            "ring_buffer",
+            Status::Warn,
+            format!("not checked: creating a BPF ring buffer ({size}) needs CAP_BPF"),
+        )
+        .advice("run as root (sudo tracerd doctor) to check it");
+    }
+    match create(bytes) {
+        Ok(()) => Check::new(
+            "ring_buffer",
+            Status::Ok,
+            format!("created and closed a BPF ring buffer of {size} (tracerd's default size)"),
+        ),
+        Err(e) => {
+            let advice = match e.raw_os_error() {
+                Some(libc::EPERM) | Some(libc::EACCES) => {
+                    "the kernel refused the bpf() call: in a container allow bpf() (seccomp) and grant \
+                     CAP_BPF"
+                }
+                Some(libc::EINVAL) => {
+                    "this kernel has no BPF ring buffer (added in 5.8): use kernel 5.8 or later"
+                }
+                Some(libc::ENOMEM) => {
+                    "not enough locked memory: kernels before 5.11 charge it to RLIMIT_MEMLOCK (grant \
+                     CAP_SYS_RESOURCE), or use a smaller --ring-buffer-bytes"
+                }
+                _ => "the kernel refused a ring buffer: check dmesg",
+            };
+            Check::new("ring_buffer", Status::Fail, format!("cannot create a BPF ring buffer of {size}: {e}"))
+                .advice(advice)
+        }
+    }
+}
+
+fn load_check(test: &LoadTest) -> Check {
+    match test {
+        LoadTest::Skipped => Check::new(
+            "load",
+            Status::Warn,
+            "skipped (--no-load): the checks above read the kernel's description of itself; only \
+             loading proves the verifier accepts tracerd's programs",
+        )
+        .advice("run without --no-load for the definitive check"),
+        LoadTest::Unprivileged => Check::new(
+            "load",
+            Status::Warn,
+            "not run: loading and attaching tracerd's programs needs CAP_BPF and CAP_PERFMON",
+        )
+        .advice("run as root (sudo tracerd doctor) for the definitive check"),
+        LoadTest::Failed(e) => {
+            Check::new("load", Status::Fail, format!("loading tracerd's programs failed: {e}"))
+                .advice("fix what the message says; `tracerd run` would fail the same way")
+        }
+        LoadTest::Loaded(hooks) => {
+            let (tps, kps) = hooks.split_at(HOOKS.len().min(hooks.len()));
+            let count = |how: &str| tps.iter().filter(|s| s.attach_type == Some(how)).count();
+            let tp_ok = tps.iter().filter(|s| s.attached()).count();
+            let kp_ok = kps.iter().filter(|s| s.attached()).count();
+            Check::new(
+                "load",
+                Status::Ok,
+                format!(
+                    "loaded and attached {tp_ok} of {} tracepoints (tp_btf {}, raw_tp {}) and {kp_ok} of {} \
+                     kprobes, then detached them",
+                    tps.len(),
+                    count("tp_btf"),
+                    count("raw_tp"),
+                    kps.len()
+                ),
+            )
+        }
+    }
+}
+
+fn bpf_stats_check(value: Option<&str>) -> Check {
+    let name = "kernel.bpf_stats_enabled";
+    let metrics = "tracerd_bpf_run_seconds_total and tracerd_bpf_runs_total";
+    match value {
+        Some("0") => Check::new(name, Status::Ok, format!("0: {metrics} stay 0")).advice(
+            "to count tracerd's in-kernel time: sysctl -w kernel.bpf_stats_enabled=1 (a clock read per \
+                 program run)",
+        ),
+        Some(v) => Check::new(name, Status::Ok, format!("{v}: {metrics} count")),
+        None => Check::new(name, Status::Ok, format!("absent (kernel before 5.8): {metrics} stay 0")),
+    }
+}
+
+fn unprivileged_bpf_check(value: Option<&str>) -> Check {
+    let name = "kernel.unprivileged_bpf_disabled";
+    let detail = match value {
+        Some("0") => "0: any user may call bpf(); tracerd does not need that".to_owned(),
+        Some(v @ ("1" | "2")) => {
+            format!("{v}: only privileged processes may call bpf(); tracerd is one, so this changes nothing")
+        }
+        Some(v) => format!("{v}: unknown value; tracerd runs privileged either way"),
+        None => "absent: tracerd runs privileged either way".to_owned(),
+    };
+    Check::new(name, Status::Ok, detail)
+}
+
+/// At most this many device names in the block devices line.
+const NAMES_SHOWN: usize = 16;
+
+fn devices_check(topology: std::result::Result<&Topology, &str>, kprobes: bool) -> Check {
+    let name = "block_devices";
+    let topo = match topology {
+        Ok(t) => t,
+        Err(e) => {
+            return Check::new(name, Status::Fail, e.to_owned())
+                .advice("mount sysfs at /sys (in a container, bind-mount the host's /sys read-only)");
+        }
+    };
+    let names = topo.names();
+    if names.is_empty() {
+        return Check::new(name, Status::Warn, "no block devices in /sys/class/block: nothing to trace yet")
+            .advice("tracerd picks up new devices every second; nothing to do");
+    }
+    let mut listed = names.iter().take(NAMES_SHOWN).cloned().collect::<Vec<_>>().join(", ");
+    if names.len() > NAMES_SHOWN {
+        listed.push_str(&format!(" and {} more", names.len() - NAMES_SHOWN));
+    }
+    let mut stacked: Vec<&Device> = topo
+        .devices()
+        .filter(|d| !d.partition && (d.md_level.is_some() || d.dm_name.is_some() || !d.lowers.is_empty()))
+        .collect();
+    stacked.sort_by(|a, b| a.name.cmp(&b.name));
+    let found = format!("{} in /sys/class/block: {listed}", names.len());
+    if stacked.is_empty() {
+        return Check::new(name, Status::Ok, format!("{found}; none stacked (md/dm)"));
+    }
+    let labels = stacked.iter().map(|d| d.label()).collect::<Vec<_>>().join(", ");
+    if kprobes {
+        Check::new(name, Status::Ok, format!("{found}; stacked: {labels} (split per layer through kprobes)"))
+    } else {
+        Check::new(
+            name,
+            Status::Warn,
+            format!("{found}; stacked: {labels}: their Q2C is measured, their per-layer split needs kprobes"),
+        )
+        .advice("see kprobes")
+    }
+}
+
+/// Nothing FAILed (warnings pass).
+pub fn passed(checks: &[Check]) -> bool {
+    checks.iter().all(|c| c.status != Status::Fail)
+}
+
+/// The closing line: the verdict, and the first failure or the warnings.
+pub fn summary(checks: &[Check]) -> String {
+    let failed: Vec<&Check> = checks.iter().filter(|c| c.status == Status::Fail).collect();
+    if let Some(first) = failed.first() {
+        let more = match failed.len() {
+            1 => String::new(),
+            n => format!(" ({n} checks failed)"),
+        };
+        return format!("tracerd cannot run here: {}: {}{more}", first.name, first.detail);
+    }
+    let warned: Vec<&str> =
+        checks.iter().filter(|c| c.status == Status::Warn).map(|c| c.name.as_str()).collect();
+    match warned.len() {
+        0 => "tracerd will work here: every check passed".to_owned(),
+        n => format!(
+            "tracerd will work here: {n} warning{} ({}), see above",
+            if n == 1 { "" } else { "s" },
+            warned.join(", ")
+        ),
+    }
+}
+
+/// One line per check (`status  name  detail -> advice`), then the summary.
+pub fn render(checks: &[Check], colour: bool) -> String {
+    let width = checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
+    let paint = |text: &str, status: Status| {
+        if colour { format!("{}{text}\x1b[0m", status.colour()) } else { text.to_owned() }
+    };
+    let mut out = String::new();
+    for c in checks {
+        let label = paint(&format!("{:<4}", c.status.label()), c.status);
+        out.push_str(&format!("{label}  {:<width$}  {}", c.name, c.detail));
+        if let Some(advice) = &c.advice {
+            out.push_str(" -> ");
+            out.push_str(advice);
+        }
+        out.push('\n');
+    }
+    let verdict = if passed(checks) { Status::Ok } else { Status::Fail };
+    out.push('\n');
+    out.push_str(&paint(&summary(checks), verdict));
+    out.push('\n');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{btf::tests::Builder, topology::tests::fake_stacked_sysfs};
+
+    fn check(name: &str, status: Status) -> Check {
+        Check::new(name, status, format!("{name} detail"))
+    }
+
+    #[test]
+    fn render_aligns_names_appends_advice_and_colours_only_when_asked() {
+        let checks = vec![
+            check("kernel", Status::Ok),
+            check("kprobes", Status::Warn).advice("use another kernel"),
+            check("tracepoint:block_rq_issue", Status::Ok),
+        ];
+        let plain = render(&checks, false);
+        let lines: Vec<&str> = plain.lines().collect();
+        assert_eq!(lines[0], "ok    kernel                     kernel detail");
+        assert_eq!(lines[1], "warn  kprobes                    kprobes detail -> use another kernel");
+        assert_eq!(lines[2], "ok    tracepoint:block_rq_issue  tracepoint:block_rq_issue detail");
+        assert_eq!(lines[3], "");
+        assert!(lines[4].starts_with("tracerd will work here"), "{}", lines[4]);
+        assert!(!plain.contains('\x1b'), "no escapes without colour");
+        let coloured = render(&checks, true);
+        assert!(coloured.contains("\x1b[33mwarn\x1b[0m  kprobes "), "{coloured:?}");
+        assert_eq!(coloured.lines().count(), lines.len());
+    }
+
+    #[test]
+    fn fail_label_is_upper_case_and_json_has_the_four_fields() {
+        let c = check("privileges", Status::Fail).advice("sudo");
+        assert!(render(std::slice::from_ref(&c), false).starts_with("FAIL  privileges"));
+        let v: serde_json::Value = serde_json::to_value([c, check("kernel", Status::Ok)]).unwrap();
+        assert_eq!(v[0]["name"], "privileges");
+        assert_eq!(v[0]["status"], "fail");
+        assert_eq!(v[0]["detail"], "privileges detail");
+        assert_eq!(v[0]["advice"], "sudo");
+        assert_eq!(v[1]["status"], "ok");
+        assert!(v[1]["advice"].is_null());
+    }
+
+    #[test]
+    fn summary_names_the_first_failure_and_warnings_keep_it_passing() {
+        let all_ok = [check("kernel", Status::Ok), check("btf", Status::Ok)];
+        assert!(passed(&all_ok));
+        assert_eq!(summary(&all_ok), "tracerd will work here: every check passed");
+
+        let warned =
+            [check("kernel", Status::Ok), check("kprobes", Status::Warn), check("load", Status::Warn)];
+        assert!(passed(&warned));
+        assert_eq!(summary(&warned), "tracerd will work here: 2 warnings (kprobes, load), see above");
+
+        let failed = [
+            check("kernel", Status::Ok),
+            check("privileges", Status::Fail),
+            check("kprobes", Status::Warn),
+            check("load", Status::Fail),
+        ];
+        assert!(!passed(&failed));
+        assert_eq!(
+            summary(&failed),
+            "tracerd cannot run here: privileges: privileges detail (2 checks failed)"
+        );
+        assert!(render(&failed, true).ends_with(
+            "\x1b[1;31mtracerd cannot run here: privileges: privileges detail (2 checks failed)\x1b[0m\n"
+        ));
+    }
+
+    #[test]
+    fn kallsyms_lookup_finds_code_symbols_and_their_modules() {
+        let text = "\
+0000000000000000 T _stext
+0000000000000000 t md_submit_bio\t[md_mod]
+0000000000000000 T dm_submit_bio [dm_mod]
+0000000000000000 d raid1_make_request [raid1]
+ffffffff81000000 T dm_mq_queue_rq
+ffffffff81000010 t md_submit_bio.cold [md_mod]
+garbage
+";
+        let found = kallsyms_lookup(
+            text,
+            &["md_submit_bio", "dm_submit_bio", "raid1_make_request", "dm_mq_queue_rq"],
+        );
+        assert_eq!(found.get("md_submit_bio"), Some(&Some("md_mod".to_owned())));
+        assert_eq!(found.get("dm_submit_bio"), Some(&Some("dm_mod".to_owned())));
+        assert_eq!(found.get("dm_mq_queue_rq"), Some(&None), "built in");
+        assert_eq!(found.get("raid1_make_request"), None, "a data symbol is not a function");
+        assert_eq!(found.len(), 3);
+    }
+
+    #[test]
+    fn privileges_need_bpf_and_perfmon_or_sys_admin() {
+        let caps = |list: &[u32]| list.iter().fold(0u64, |c, n| c | 1 << n);
+        assert_eq!(privileges_check(caps(&[CAP_SYS_ADMIN]), 0).status, Status::Ok);
+        assert_eq!(privileges_check(caps(&[CAP_BPF, CAP_PERFMON]), 65534).status, Status::Ok);
+        let partial = privileges_check(caps(&[CAP_BPF]), 1000);
+        assert_eq!(partial.status, Status::Fail);
+        assert!(partial.detail.contains("needs CAP_PERFMON"), "{}", partial.detail);
+        let none = privileges_check(0, 65534);
+        assert_eq!(none.status, Status::Fail);
+        assert!(none.detail.contains("uid 65534") && none.detail.contains("none of them"), "{}", none.detail);
+        assert!(none.advice.unwrap().contains("setcap cap_bpf,cap_perfmon+ep"));
+    }
+
+    #[test]
+    fn kernel_release_parses_and_old_kernels_warn() {
+        assert_eq!(parse_release("6.18.44-fc-v857"), Some((6, 18)));
+        assert_eq!(parse_release("5.4.0-150-generic"), Some((5, 4)));
+        assert_eq!(parse_release("unknown"), None);
+        assert_eq!(kernel_check("6.1.0-40-amd64").status, Status::Ok);
+        assert_eq!(kernel_check("5.4.0-150-generic").status, Status::Warn);
+    }
+
+    /// A kernel BTF with the block tracepoints of 5.11+ except `block_split` and `block_getrq`,
+    /// and with `block_rq_complete` absent when `complete` is false.
+    fn hook_btf(complete: bool) -> Btf {
+        let mut b = Builder::new();
+        let (q, rq, bio) = (b.fwd("request_queue"), b.fwd("request"), b.fwd("bio"));
+        let (qp, rqp, biop) = (b.ptr(q), b.ptr(rq), b.ptr(bio));
+        let u32t = b.int("unsigned int", 4);
+        b.tracepoint("block_bio_queue", &[biop]);
+        b.tracepoint("block_rq_issue", &[rqp]);
+        b.tracepoint("block_rq_insert", &[rqp]);
+        b.tracepoint("block_bio_backmerge", &[biop]);
+        b.tracepoint("block_bio_complete", &[qp, biop]);
+        if complete {
+            b.tracepoint("block_rq_complete", &[rqp, u32t, u32t]);
+        }
+        Btf::parse(&b.build()).unwrap()
+    }
+
+    fn find<'a>(checks: &'a [Check], name: &str) -> &'a Check {
+        checks.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no {name} in {checks:?}"))
+    }
+
+    #[test]
+    fn tracepoint_checks_say_which_variant_and_what_a_missing_one_costs() {
+        let btf = hook_btf(true);
+        let checks = tracepoint_checks(Some(&btf), None);
+        assert_eq!(checks.len(), HOOKS.len());
+        let issue = find(&checks, "tracepoint:block_rq_issue");
+        assert_eq!(issue.status, Status::Ok);
+        assert!(issue.detail.contains("struct request * at argument 0: variant a0"), "{}", issue.detail);
+        let complete = find(&checks, "tracepoint:block_bio_complete");
+        assert!(complete.detail.contains("struct bio * at argument 1: variant a1"), "{}", complete.detail);
+        let split = find(&checks, "tracepoint:block_split");
+        assert_eq!(split.status, Status::Warn);
+        assert!(
+            split.detail.contains("not in this kernel") && split.detail.contains("q2*"),
+            "{}",
+            split.detail
+        );
+        assert!(find(&checks, "tracepoint:block_getrq").detail.contains("no q2g"));
+        assert!(passed(&checks), "optional hooks only warn");
+
+        let checks = tracepoint_checks(Some(&hook_btf(false)), None);
+        let complete = find(&checks, "tracepoint:block_rq_complete");
+        assert_eq!(complete.status, Status::Fail, "required");
+        assert!(complete.advice.is_some());
+
+        let no_btf = tracepoint_checks(None, None);
+        assert!(no_btf.iter().all(|c| c.status == Status::Warn && c.detail.contains("without BTF")));
+    }
+
+    #[test]
+    fn tracepoint_checks_report_the_load_test_attach_type() {
+        let btf = hook_btf(true);
+        let status = |hook, how: Option<&'static str>, reason: Option<&str>| HookStatus {
+            hook,
+            attach_type: how,
+            program: None,
+            reason: reason.map(str::to_owned),
+        };
+        let loaded = [
+            status("block_rq_issue", Some("tp_btf"), None),
+            status("block_rq_insert", Some("raw_tp"), Some("tp_btf failed (EINVAL), using raw_tp")),
+            status("block_bio_backmerge", None, Some("raw_tp failed: EBUSY")),
+        ];
+        let checks = tracepoint_checks(Some(&btf), Some(&loaded));
+        assert!(find(&checks, "tracepoint:block_rq_issue").detail.ends_with("attached as tp_btf"));
+        let insert = find(&checks, "tracepoint:block_rq_insert");
+        assert_eq!(insert.status, Status::Ok);
+        assert!(insert.detail.contains("attached as raw_tp (tp_btf failed"), "{}", insert.detail);
+        let merge = find(&checks, "tracepoint:block_bio_backmerge");
+        assert_eq!(merge.status, Status::Warn);
+        assert!(merge.detail.contains("attaching failed: raw_tp failed: EBUSY"), "{}", merge.detail);
+        assert!(merge.detail.contains("merged bios are not counted"), "{}", merge.detail);
+    }
+
+    #[test]
+    fn btf_checks_fail_clearly_without_btf() {
+        let (checks, btf) = btf_checks(Err(std::io::ErrorKind::NotFound.into()));
+        assert!(btf.is_none());
+        assert_eq!(checks.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["btf", "layout", "op_enums"]);
+        assert!(checks.iter().all(|c| c.status == Status::Fail));
+        assert!(checks[0].advice.as_deref().unwrap().contains("CONFIG_DEBUG_INFO_BTF"));
+        let (checks, _) = btf_checks(Ok(b"not btf".to_vec()));
+        assert!(checks[0].detail.contains("malformed"), "{}", checks[0].detail);
+        // Parseable, but without the block structs.
+        let (checks, btf) = btf_checks(Ok(Builder::new().build()));
+        assert!(btf.is_some());
+        assert_eq!(find(&checks, "btf").status, Status::Ok);
+        assert_eq!(find(&checks, "layout").status, Status::Fail);
+        assert!(find(&checks, "op_enums").detail.contains("no enumerator"));
+    }
+
+    fn device(name: &str, md_level: Option<&str>, dm_name: Option<&str>, request_based: bool) -> Device {
+        Device {
+            name: name.into(),
+            dev: 0,
+            disk: name.into(),
+            partition: false,
+            request_based,
+            lowers: vec![],
+            uppers: vec![],
+            dm_name: dm_name.map(Into::into),
+            md_level: md_level.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn module_lists_match_either_spelling() {
+        let dep = "kernel/drivers/md/md-mod.ko.xz:\n\
+                   kernel/drivers/md/raid1.ko.zst: kernel/drivers/md/md-mod.ko.xz\n";
+        assert!(module_listed(dep, "md_mod"));
+        assert!(module_listed(dep, "raid1"));
+        assert!(!module_listed(dep, "dm_mod"));
+        assert!(module_listed("kernel/drivers/md/dm-mod.ko\n", "dm_mod"), "modules.builtin lines");
+    }
+
+    #[test]
+    fn kprobe_checks_tell_a_missing_module_from_a_missing_pmu() {
+        use ModuleState::*;
+        let symbols: std::result::Result<_, String> =
+            Ok(kallsyms_lookup("0 T dm_submit_bio [dm_mod]\n", &["dm_submit_bio"]));
+        let not_loaded = |m: &str| if m == "dm_mod" { Loaded } else { NotLoaded };
+        let no_devices = kprobe_checks(true, &symbols, &[], &not_loaded, None);
+        assert_eq!(no_devices.len(), 1 + KPROBES.len());
+        assert_eq!(find(&no_devices, "kprobes").status, Status::Ok);
+        let md = find(&no_devices, "kprobe:md_submit_bio");
+        assert_eq!(md.status, Status::Ok, "md not loaded: nothing lost yet");
+        assert!(md.detail.contains("attach when md_mod is loaded; tracerd retries"), "{}", md.detail);
+        assert!(find(&no_devices, "kprobe:dm_submit_bio").detail.contains("(module dm_mod)"));
+        // dm_mod is loaded, but this function is not in it.
+        assert_eq!(find(&no_devices, "kprobe:dm_mq_queue_rq").status, Status::Warn);
+
+        // An md array exists, but its submit function is not there to probe.
+        let md0 = [device("md0", Some("raid1"), None, false)];
+        let checks = kprobe_checks(true, &symbols, &md0, &not_loaded, None);
+        let md = find(&checks, "kprobe:md_submit_bio");
+        assert_eq!(md.status, Status::Warn);
+        assert!(md.detail.contains("md devices exist (md0)"), "{}", md.detail);
+
+        let unknown = |_: &str| Unknown;
+        let no_pmu = kprobe_checks(false, &symbols, &[], &unknown, None);
+        assert_eq!(find(&no_pmu, "kprobes").status, Status::Warn);
+        assert!(find(&no_pmu, "kprobes").detail.contains("no kprobe PMU"));
+        assert!(no_pmu[1..].iter().all(|c| c.status == Status::Warn && c.detail.contains("kprobe PMU")));
+        assert!(passed(&no_pmu), "kprobes are optional");
+        // A module this kernel does not have: nothing to probe, with or without kprobes.
+        let not_built = kprobe_checks(false, &symbols, &[], &|_: &str| NotBuilt, None);
+        let raid1 = find(&not_built, "kprobe:raid1_make_request");
+        assert_eq!(raid1.status, Status::Ok);
+        assert!(raid1.detail.contains("no raid1 module"), "{}", raid1.detail);
+
+        let attached =
+            [HookStatus { hook: "dm_submit_bio", attach_type: Some("kprobe"), program: None, reason: None }];
+        let checks = kprobe_checks(true, &symbols, &[], &not_loaded, Some(&attached));
+        assert!(find(&checks, "kprobe:dm_submit_bio").detail.ends_with("attached (kprobe and kretprobe)"));
+
+        let unreadable: std::result::Result<_, String> = Err("permission denied".into());
+        let checks = kprobe_checks(true, &unreadable, &[], &unknown, None);
+        assert!(
+            checks[1..].iter().all(|c| c.status == Status::Warn && c.detail.contains("permission denied"))
+        );
+    }
+
+    #[test]
+    fn ring_buffer_check_explains_errnos_and_needs_privileges() {
+        assert_eq!(ring_buffer_check(false, |_| unreachable!()).status, Status::Warn);
+        let ok = ring_buffer_check(true, |bytes| {
+            assert_eq!(bytes, limits::RINGBUF_BYTES);
+            Ok(())
+        });
+        assert_eq!(ok.status, Status::Ok);
+        assert!(ok.detail.contains("8.0MiB"), "{}", ok.detail);
+        let einval = ring_buffer_check(true, |_| Err(std::io::Error::from_raw_os_error(libc::EINVAL)));
+        assert_eq!(einval.status, Status::Fail);
+        assert!(einval.advice.unwrap().contains("5.8"));
+        let eperm = ring_buffer_check(true, |_| Err(std::io::Error::from_raw_os_error(libc::EPERM)));
+        assert!(eperm.advice.unwrap().contains("container"));
+    }
+
+    #[test]
+    fn load_check_counts_attach_types() {
+        let mut hooks: Vec<HookStatus> = HOOKS
+            .iter()
+            .map(|h| HookStatus {
+                hook: h.tracepoint,
+                attach_type: Some("tp_btf"),
+                program: None,
+                reason: None,
+            })
+            .collect();
+        hooks[2].attach_type = Some("raw_tp");
+        hooks.extend(KPROBES.iter().map(|k| HookStatus {
+            hook: k.function,
+            attach_type: None,
+            program: None,
+            reason: Some("no kprobes".into()),
+        }));
+        let c = load_check(&LoadTest::Loaded(hooks));
+        assert_eq!(c.status, Status::Ok);
+        let n = HOOKS.len();
+        assert!(
+            c.detail
+                .contains(&format!("{n} of {n} tracepoints (tp_btf {}, raw_tp 1) and 0 of 4 kprobes", n - 1)),
+            "{}",
+            c.detail
+        );
+        assert_eq!(load_check(&LoadTest::Failed("EPERM".into())).status, Status::Fail);
+        assert_eq!(load_check(&LoadTest::Skipped).status, Status::Warn);
+        assert_eq!(load_check(&LoadTest::Unprivileged).status, Status::Warn);
+    }
+
+    #[test]
+    fn sysctls_are_informational() {
+        assert!(bpf_stats_check(Some("0")).advice.unwrap().contains("bpf_stats_enabled=1"));
+        assert!(bpf_stats_check(Some("1")).advice.is_none());
+        for v in [Some("0"), Some("1"), Some("2"), None] {
+            assert_eq!(unprivileged_bpf_check(v).status, Status::Ok);
+            assert_eq!(bpf_stats_check(v).status, Status::Ok);
+        }
+    }
+
+    #[test]
+    fn devices_check_lists_devices_and_flags_stacks_without_kprobes() {
+        let dir = fake_stacked_sysfs(
+            &[("ram0", "1:0", None, false), ("ram1", "1:1", None, false), ("vda", "254:0", None, true)],
+            &[("md0", "9:0", &["ram0", "ram1"], None, Some("raid1"))],
+        );
+        let topo = Topology::scan_root(&dir.0).unwrap();
+        let with = devices_check(Ok(&topo), true);
+        assert_eq!(with.status, Status::Ok);
+        assert!(with.detail.starts_with("4 in /sys/class/block: md0, ram0, ram1, vda"), "{}", with.detail);
+        assert!(with.detail.contains("stacked: md0 (raid1)"), "{}", with.detail);
+        assert_eq!(devices_check(Ok(&topo), false).status, Status::Warn);
+
+        let plain = fake_stacked_sysfs(&[("vda", "254:0", None, true)], &[]);
+        let topo = Topology::scan_root(&plain.0).unwrap();
+        assert!(devices_check(Ok(&topo), false).detail.ends_with("none stacked (md/dm)"));
+        assert_eq!(devices_check(Err("cannot list block devices"), true).status, Status::Fail);
+    }
+}
