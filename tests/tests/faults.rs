@@ -3,6 +3,7 @@
 
 use std::{collections::BTreeSet, time::Duration};
 
+use tracer_common::{IoRecord, RequestState, Slot, event, kind};
 use tracerd_tests::{
     LoopDevice, Metrics, Tracerd, Workload, eventually, free_port, http_get, remove_loop_device, require_root,
 };
@@ -148,5 +149,74 @@ fn devices_come_and_go_without_a_restart_and_vanished_series_expire() {
         "nothing was in flight"
     );
     assert_eq!(http_get(agent.addr.as_deref().unwrap(), "/healthz").map(|(s, _)| s), Some(200));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The kernel's in-flight request table of the tracerd started last (by map ID).
+fn requests_table(before: &BTreeSet<String>) -> aya::maps::Array<aya::maps::MapData, Slot<RequestState>> {
+    let id = tracerd_objects()
+        .difference(before)
+        .find_map(|o| o.strip_prefix("map ")?.strip_suffix(" REQUESTS")?.parse::<u32>().ok())
+        .expect("tracerd's REQUESTS map");
+    let map = aya::maps::Map::Array(aya::maps::MapData::from_id(id).expect("open REQUESTS by id"));
+    aya::maps::Array::try_from(map).expect("REQUESTS is an array of slots")
+}
+
+/// An open request on `disk` issued at `issued_ns`, as the kernel side leaves it when the
+/// completion never comes.
+fn open_request(disk: u32, issued_ns: u64) -> Slot<RequestState> {
+    let mut record = IoRecord { kind: kind::REQUEST, disk, dev: disk, bytes: 4096, ..Default::default() };
+    record.ts[event::Q] = issued_ns;
+    record.ts[event::D] = issued_ns;
+    Slot { key: 0xffff_dead_0000_0000 | disk as u64, value: RequestState { record, issued: 1, _pad: [0; 7] } }
+}
+
+fn dev_t(name: &str) -> u32 {
+    let text = std::fs::read_to_string(format!("/sys/class/block/{name}/dev")).unwrap();
+    let (major, minor) = text.trim().split_once(':').unwrap();
+    major.parse::<u32>().unwrap() << 20 | minor.parse::<u32>().unwrap()
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Completions the kernel never reports leave entries behind. Planted in tracerd's real
+/// in-flight table (the only way to make a completion go missing on purpose), they must be
+/// evicted and counted: as stale after `in_flight.stale_after_s`, and as device_gone when
+/// their device vanishes first.
+#[test]
+fn missed_completions_are_evicted_and_counted() {
+    require_root();
+    let dir = std::env::temp_dir().join(format!("tracerd-stale-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("tracerd.toml");
+    std::fs::write(&cfg, "[in_flight]\nstale_after_s = 3\n").unwrap();
+    let (stays, goes) = (LoopDevice::new(16), LoopDevice::new(16));
+    let before = tracerd_objects();
+    let agent = Tracerd::run(&["--config", cfg.to_str().unwrap()]);
+    let mut table = requests_table(&before);
+    let last = table.len() - 1;
+    let now = monotonic_ns();
+    // One open request long ago on a device that stays, one "now" (not stale for a minute)
+    // on a device about to vanish.
+    table.set(last, open_request(dev_t(&stays.name), now - 10_000_000_000), 0).unwrap();
+    table.set(last - 1, open_request(dev_t(&goes.name), now + 60_000_000_000), 0).unwrap();
+    let goes_name = goes.name.clone();
+    drop(goes);
+    remove_loop_device(&goes_name);
+    let lost = |reason: &str| agent.metrics().get("tracerd_events_lost_total", &[("reason", reason)]);
+    assert!(
+        eventually(Duration::from_secs(10), || lost("device_gone") == 1.0 && lost("stale_request") == 1.0),
+        "device_gone {} stale_request {}",
+        lost("device_gone"),
+        lost("stale_request")
+    );
+    assert_eq!(table.get(&last, 0).unwrap().key, 0, "the stale entry was freed");
+    assert_eq!(table.get(&(last - 1), 0).unwrap().key, 0, "the vanished device's entry was freed");
+    drop(stays);
     let _ = std::fs::remove_dir_all(&dir);
 }

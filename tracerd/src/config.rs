@@ -26,6 +26,14 @@ pub struct File {
     pub series: SeriesSection,
     #[serde(default)]
     pub http: HttpSection,
+    #[serde(default)]
+    pub in_flight: InFlightSection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InFlightSection {
+    pub stale_after_s: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -81,6 +89,8 @@ pub struct Config {
     pub histogram: HistogramRange,
     pub series: SeriesLimits,
     pub http: HttpSecurity,
+    /// An in-flight entry older than this is taken as a missed completion: evicted, counted.
+    pub stale_after: Duration,
 }
 
 /// TLS and basic auth of the metrics endpoint, as the config names them (files are read and
@@ -103,6 +113,7 @@ impl Default for Config {
             histogram: HistogramRange::default(),
             series: SeriesLimits::default(),
             http: HttpSecurity::default(),
+            stale_after: Duration::from_secs(120),
         }
     }
 }
@@ -206,7 +217,11 @@ pub fn resolve(file: File, flags: Flags) -> Result<Config> {
         ),
     };
     let http = HttpSecurity { tls, basic_auth };
-    Ok(Config { listen, ring_buffer_bytes, include, exclude, histogram, series, http })
+    let stale_after = Duration::from_secs(file.in_flight.stale_after_s.unwrap_or(d.stale_after.as_secs()));
+    if stale_after.as_secs() < 2 {
+        bail!("in_flight.stale_after_s = {}: must be at least 2 (seconds)", stale_after.as_secs());
+    }
+    Ok(Config { listen, ring_buffer_bytes, include, exclude, histogram, series, http, stale_after })
 }
 
 /// A ring buffer size the kernel accepts: a power of two, at least a page.
@@ -273,6 +288,7 @@ mod tests {
         assert!(err("lisen = \"x\"").contains("unknown field `lisen`"), "{}", err("lisen = \"x\""));
         assert!(err("[series]\nmax_devices = 0").contains("series.max_devices = 0: must be 1 to 65536"));
         assert!(err("[series]\nexpire_after_s = 0").contains("series.expire_after_s = 0"));
+        assert!(err("[in_flight]\nstale_after_s = 1").contains("in_flight.stale_after_s = 1"));
         assert!(err("ring_buffer_bytes = 5000").contains("ring_buffer_bytes = 5000: must be a power of two"));
         assert!(err("listen = \"nowhere\"").contains("listen = \"nowhere\": not an address"));
         assert!(err("[histogram]\nlowest_ns = 100\nhighest_ns = 150").contains("histogram.highest_ns = 150"));

@@ -56,7 +56,7 @@ async fn dispatch(command: Command) -> Result<()> {
     match command {
         Command::Run { listen, trace } => {
             let (config, selection, opts) = settings(trace, listen)?;
-            run::run(config.listen, config.series, &config.http, selection, opts).await
+            run::run(config.listen, config.series, &config.http, config.stale_after, selection, opts).await
         }
         Command::Report { duration, json, by, save, trace } => {
             let (_, selection, opts) = settings(trace, None)?;

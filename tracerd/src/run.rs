@@ -20,7 +20,8 @@ use crate::{
 
 /// How often devices are rescanned and lost counters refreshed.
 const HOUSEKEEPING: Duration = Duration::from_secs(1);
-/// Stale in-flight entries are swept every this many housekeeping ticks.
+/// Stale in-flight entries are swept every this many housekeeping ticks at most (a sweep
+/// reads both tables, 32768 lookups), and at least four times per `stale_after`.
 const SWEEP_EVERY: u64 = 30;
 /// The in-flight tables' occupancy is sampled every this many ticks (a scan is 32768 lookups).
 const OCCUPANCY_EVERY: u64 = 10;
@@ -29,6 +30,7 @@ pub async fn run(
     listen: SocketAddr,
     limits: SeriesLimits,
     security: &HttpSecurity,
+    stale_after: Duration,
     selection: Selection,
     opts: LoadOptions,
 ) -> Result<()> {
@@ -62,8 +64,8 @@ pub async fn run(
             }) => r?,
             _ = tick.tick() => {
                 ticks += 1;
-                if ticks.is_multiple_of(SWEEP_EVERY) {
-                    session.sweep()?;
+                if ticks.is_multiple_of((stale_after.as_secs() / 4).clamp(1, SWEEP_EVERY)) {
+                    session.sweep(stale_after)?;
                 }
                 let in_flight = if ticks.is_multiple_of(OCCUPANCY_EVERY) || ticks == 1 {
                     Some(session.tracer.occupancy()?)

@@ -29,9 +29,6 @@ pub struct Io<'a> {
 /// How often the ring buffer is drained when the kernel has not woken us.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
 
-/// In-flight entries older than this are taken as missed completions.
-pub const STALE_AFTER: Duration = Duration::from_secs(120);
-
 pub struct Session {
     pub tracer: Tracer,
     pub topo: Topology,
@@ -99,9 +96,9 @@ impl Session {
         Ok(())
     }
 
-    /// Evicts stale in-flight entries, counting them.
-    pub fn sweep(&mut self) -> Result<()> {
-        let (bios, requests) = self.tracer.sweep_stale(STALE_AFTER)?;
+    /// Evicts in-flight entries older than `stale_after`, counting them.
+    pub fn sweep(&mut self, stale_after: Duration) -> Result<()> {
+        let (bios, requests) = self.tracer.sweep_stale(stale_after)?;
         self.own_lost.stale_bio += bios;
         self.own_lost.stale_request += requests;
         Ok(())
