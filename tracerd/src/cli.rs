@@ -2,7 +2,9 @@
 
 use std::{net::SocketAddr, path::PathBuf};
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum, builder::PossibleValue};
+
+use crate::stage::Stage;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9560";
 
@@ -12,13 +14,17 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9560";
     version,
     about = "eBPF block-layer latency tracer: times every IO through Q, G, I, D, C per device",
     long_about = None,
-    after_help = "Examples:\n  sudo tracerd run                      # agent: /metrics on 127.0.0.1:9560\n  sudo tracerd report --duration 10     # btt-style tables for every device\n  sudo tracerd snoop --device nvme0n1   # one line per IO\n  tracerd diff before.json after.json   # compare two saved captures\n  sudo tracerd doctor                   # what works on this kernel, and why"
+    after_help = "Examples:\n  sudo tracerd run                      # agent: /metrics on 127.0.0.1:9560\n  sudo tracerd report --duration 10     # btt-style tables for every device\n  sudo tracerd report --hist d2c        # ... with a log2 histogram of D2C\n  sudo tracerd snoop --device nvme0n1   # one line per IO\n  tracerd diff before.json after.json   # compare two saved captures\n  sudo tracerd doctor                   # what works on this kernel, and why"
 )]
 pub struct Cli {
     /// Log level (error, warn, info, debug, trace) [default: info; error for doctor, which
     /// reports everything itself]; RUST_LOG overrides.
     #[arg(long, global = true, value_name = "LEVEL")]
     pub log_level: Option<String>,
+    /// Colour in text output: auto colours only a terminal, and not when NO_COLOR is set
+    /// (non-empty) or TERM is dumb.
+    #[arg(long, global = true, value_enum, default_value_t = ColorWhen::Auto, value_name = "WHEN")]
+    pub color: ColorWhen,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -55,7 +61,7 @@ pub enum Command {
     },
     /// Capture for a while, then print per-device, per-operation stage tables.
     #[command(
-        after_help = "Examples:\n  sudo tracerd report --duration 10\n  sudo tracerd report --device nvme0n1 --by qd\n  sudo tracerd report --duration 5 --json > capture.json\n  sudo tracerd report --device nvme0n1 --save before.json   # then: tracerd diff before.json after.json"
+        after_help = "Examples:\n  sudo tracerd report --duration 10\n  sudo tracerd report --device nvme0n1 --by qd\n  sudo tracerd report --device nvme0n1 --hist d2c   # biolatency-style histogram of D2C\n  sudo tracerd report --duration 5 --json > capture.json\n  sudo tracerd report --device nvme0n1 --save before.json   # for tracerd diff"
     )]
     Report {
         /// Capture length in seconds (SIGINT ends it early and still reports).
@@ -67,6 +73,9 @@ pub enum Command {
         /// Split each table by this dimension.
         #[arg(long, value_enum)]
         by: Option<By>,
+        /// After each table, a log2 histogram of this stage (in --json: its `log2_buckets`).
+        #[arg(long, value_enum, ignore_case = true, value_name = "STAGE")]
+        hist: Option<Stage>,
         /// Also save the capture (every histogram, kernel, host, devices, duration) to FILE,
         /// for `tracerd diff`.
         #[arg(long, value_name = "FILE")]
@@ -127,6 +136,29 @@ pub enum By {
     Qd,
 }
 
+/// When to colour text output (see `style`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum ColorWhen {
+    /// Only on a terminal, unless NO_COLOR is set or TERM is dumb.
+    #[default]
+    Auto,
+    /// Always, even into a pipe or file.
+    Always,
+    /// Never.
+    Never,
+}
+
+/// Stages by the names stage.rs gives them (`d2c`; any case on the command line).
+impl ValueEnum for Stage {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Stage::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(PossibleValue::new(self.as_str()))
+    }
+}
+
 fn parse_duration(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
@@ -170,5 +202,48 @@ mod tests {
         let cli = Cli::try_parse_from(["tracerd", "doctor", "--json", "--no-load"]).unwrap();
         assert!(matches!(cli.command, Command::Doctor { json: true, no_load: true }));
         assert_eq!(cli.log_level, None, "each subcommand picks its default level");
+    }
+
+    #[test]
+    fn hist_takes_any_stage_in_any_case_and_color_is_global() {
+        for stage in Stage::ALL {
+            for name in [stage.as_str().to_owned(), stage.as_str().to_uppercase()] {
+                let cli = Cli::try_parse_from(["tracerd", "report", "--hist", &name]).unwrap();
+                assert!(matches!(cli.command, Command::Report { hist: Some(s), .. } if s == stage), "{name}");
+            }
+        }
+        let e = Cli::try_parse_from(["tracerd", "report", "--hist", "x2y"]).unwrap_err().to_string();
+        assert!(e.contains("x2y") && e.contains("q2g, g2i, i2d, g2d, q2d, d2c, q2c, q2m"), "{e}");
+        let cli = Cli::try_parse_from(["tracerd", "report"]).unwrap();
+        assert!(matches!(cli.command, Command::Report { hist: None, .. }));
+        assert_eq!(cli.color, ColorWhen::Auto);
+        // Before or after the subcommand.
+        for args in [["tracerd", "--color", "never", "diff"], ["tracerd", "diff", "--color", "never"]] {
+            let cli = Cli::try_parse_from(args.into_iter().chain(["a", "b"])).unwrap();
+            assert_eq!(cli.color, ColorWhen::Never);
+        }
+        assert_eq!(
+            Cli::try_parse_from(["tracerd", "snoop", "--color", "always"]).unwrap().color,
+            ColorWhen::Always
+        );
+        assert!(Cli::try_parse_from(["tracerd", "report", "--color", "sometimes"]).is_err());
+    }
+
+    /// Every subcommand's --help ends with an example, so a new subcommand without one fails here.
+    #[test]
+    fn every_subcommand_help_ends_with_an_example() {
+        let cli = Cli::command();
+        let subcommands: Vec<&clap::Command> =
+            cli.get_subcommands().filter(|c| c.get_name() != "help").collect();
+        assert!(subcommands.len() >= 4, "run, report, snoop, diff at least");
+        for sub in subcommands {
+            let name = sub.get_name();
+            let example = sub.get_after_help().map(|h| h.to_string()).unwrap_or_default();
+            assert!(example.contains("tracerd "), "`tracerd {name} --help` has no example (after_help)");
+            // Compared word by word: clap wraps long lines to the terminal's width.
+            let words = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+            let help = sub.clone().render_long_help().to_string();
+            assert!(words(&help).ends_with(&words(&example)), "{name}: the example is not last:\n{help}");
+        }
     }
 }

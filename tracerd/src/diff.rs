@@ -22,6 +22,7 @@ use crate::{
     capture::{Capture, DeviceCapture, Hist},
     op::Op,
     stage::Stage,
+    style::Style,
     units,
 };
 
@@ -232,7 +233,15 @@ impl Diff {
         })
     }
 
+    /// The comparison without colour.
     pub fn render_text(&self) -> String {
+        self.render_text_styled(Style::PLAIN)
+    }
+
+    /// The comparison, emphasised by `style`: bold headings, changed rows (`*`) red where B is
+    /// slower and green where it is faster, unjudged ones dim, the kernel warning yellow.
+    /// Without colour, exactly `render_text`.
+    pub fn render_text_styled(&self, style: Style) -> String {
         let mut out = String::new();
         for (name, s) in [("A", &self.a), ("B", &self.b)] {
             let _ = writeln!(
@@ -246,11 +255,11 @@ impl Diff {
             );
         }
         if self.kernels_differ {
-            let _ = writeln!(
-                out,
+            let warning = format!(
                 "warning: the captures come from different kernels (A {}, B {}): a change may be the kernel's",
                 self.a.kernel, self.b.kernel
             );
+            let _ = writeln!(out, "{}", style.yellow(&warning));
         }
         let t = |secs: f64| units::duration_ns(secs * 1e9);
         let change = |p: Option<f64>| p.map_or_else(|| "-".to_owned(), |p| format!("{p:+.1}%"));
@@ -258,14 +267,14 @@ impl Diff {
             for op in &d.ops {
                 let _ = writeln!(
                     out,
-                    "\n{} {}: {} requests in A, {} in B ({})",
-                    d.label,
-                    op.op.as_str(),
+                    "\n{} {} requests in A, {} in B ({})",
+                    style.bold(&format!("{} {}:", d.label, op.op.as_str())),
                     op.requests_a,
                     op.requests_b,
                     change(pct(op.requests_a as f64, op.requests_b as f64))
                 );
-                let _ = writeln!(out, "  {:<6} {:<6} {:>10} {:>10} {:>10}", "stage", "", "A", "B", "change");
+                let header = format!("  {:<6} {:<6} {:>10} {:>10} {:>10}", "stage", "", "A", "B", "change");
+                let _ = writeln!(out, "{}", style.bold(&header));
                 for s in &op.stages {
                     let _ = writeln!(
                         out,
@@ -282,8 +291,7 @@ impl Diff {
                             Verdict::WithinNoise => "",
                             Verdict::TooFewSamples => " too few samples",
                         };
-                        let _ = writeln!(
-                            out,
+                        let row = format!(
                             "  {:<6} {:<6} {:>10} {:>10} {:>10}{flag}",
                             "",
                             q.name,
@@ -291,6 +299,13 @@ impl Diff {
                             t(q.b_s),
                             change(q.change_pct)
                         );
+                        let row = match q.verdict {
+                            Verdict::Changed if q.b_s > q.a_s => style.red(&row),
+                            Verdict::Changed => style.green(&row),
+                            Verdict::WithinNoise => row,
+                            Verdict::TooFewSamples => style.dim(&row),
+                        };
+                        let _ = writeln!(out, "{row}");
                     }
                 }
             }
@@ -350,8 +365,8 @@ fn compare_device(
     DeviceDiff { device: da.device.clone(), label: da.label.clone(), ops }
 }
 
-/// `tracerd diff A B [--json]`.
-pub fn diff(a: &Path, b: &Path, json: bool) -> Result<()> {
+/// `tracerd diff A B [--json]`; text emphasised by `style`.
+pub fn diff(a: &Path, b: &Path, json: bool, style: Style) -> Result<()> {
     let (ca, cb) = (Capture::load(a)?, Capture::load(b)?);
     let d = Diff::compare(&ca, &a.display().to_string(), &cb, &b.display().to_string())?;
     let mut out = std::io::stdout().lock();
@@ -359,7 +374,7 @@ pub fn diff(a: &Path, b: &Path, json: bool) -> Result<()> {
         serde_json::to_writer_pretty(&mut out, &d)?;
         writeln!(out)?;
     } else {
-        write!(out, "{}", d.render_text())?;
+        write!(out, "{}", d.render_text_styled(style))?;
     }
     Ok(())
 }
@@ -570,5 +585,63 @@ mod tests {
         let empty = capture("6.18", &[]);
         let e = Diff::compare(&a, "a.json", &empty, "b.json").unwrap_err().to_string();
         assert!(e.contains("B (b.json) has no device (no IO completed"), "{e}");
+    }
+
+    /// `render_text` before colour existed (captured from that version).
+    const BEFORE: &str = r#"A: a.json: host vm1, kernel 6.18, 5.0 s from 2023-11-14 22:13:20 UTC
+B: b.json: host vm1, kernel 6.18, 5.0 s from 2023-11-14 22:13:20 UTC
+
+loop0 read: 5000 requests in A, 5000 in B (+0.0%)
+  stage                  A          B     change
+  D2C    count        5000       5000      +0.0%
+         p50        15.0µs     15.2µs      +0.9%
+         p99        20.0µs    148.5µs    +643.6% *
+         p99.9      20.0µs    196.2µs    +879.6% *
+
+* the change is larger than sampling noise: the 95% intervals of the quantile in A and B do not overlap.
+"#;
+    const BEFORE_FEW: &str = r#"A: a: host vm1, kernel 6.18, 5.0 s from 2023-11-14 22:13:20 UTC
+B: b: host vm1, kernel 6.18, 5.0 s from 2023-11-14 22:13:20 UTC
+
+loop0 read: 10 requests in A, 10 in B (+0.0%)
+  stage                  A          B     change
+  D2C    count          10         10      +0.0%
+         p50        15.0µs     16.5µs      +9.8% too few samples
+         p99        19.8µs    195.3µs    +887.7% too few samples
+         p99.9      19.8µs    195.3µs    +887.7% too few samples
+
+* the change is larger than sampling noise: the 95% intervals of the quantile in A and B do not overlap.
+too few samples: under 20 in the stage, or under 5 expected beyond the quantile; not judged.
+"#;
+
+    #[test]
+    fn plain_text_is_unchanged_and_colour_marks_the_changed_rows() {
+        let (a, b) = (one(Stage::D2c, samples(5000, 1, 1)), one(Stage::D2c, samples(5000, 2, 10)));
+        let d = Diff::compare(&a, "a.json", &b, "b.json").unwrap();
+        assert_eq!(d.render_text(), BEFORE);
+        assert_eq!(d.render_text_styled(Style::PLAIN), BEFORE);
+        let coloured = d.render_text_styled(Style::COLOR);
+        assert_eq!(crate::style::strip(&coloured), BEFORE);
+        // B is slower at p99 and p99.9: those rows red; p50, within the noise, plain.
+        let rows: Vec<&str> = coloured.lines().filter(|l| l.contains(" p99")).collect();
+        assert!(rows.iter().all(|l| l.starts_with("\x1b[31m") && l.ends_with(" *\x1b[39m")), "{coloured}");
+        let p50 = coloured.lines().find(|l| l.contains(" p50 ")).unwrap();
+        assert!(!p50.contains('\x1b'), "{coloured}");
+        // Faster: green.
+        let d = Diff::compare(&b, "b.json", &a, "a.json").unwrap();
+        let coloured = d.render_text_styled(Style::COLOR);
+        let flagged: Vec<&str> = coloured.lines().filter(|l| l.ends_with(" *\x1b[39m")).collect();
+        assert!(flagged.len() == 2 && flagged.iter().all(|l| l.starts_with("\x1b[32m")), "{coloured}");
+        // Not judged: dim.
+        let d = Diff::compare(
+            &one(Stage::D2c, samples(10, 1, 1)),
+            "a",
+            &one(Stage::D2c, samples(10, 2, 10)),
+            "b",
+        )
+        .unwrap();
+        assert_eq!(d.render_text(), BEFORE_FEW);
+        let coloured = d.render_text_styled(Style::COLOR);
+        assert_eq!(coloured.lines().filter(|l| l.starts_with("\x1b[2m")).count(), 3, "{coloured}");
     }
 }

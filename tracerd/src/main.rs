@@ -5,11 +5,12 @@ use clap::Parser;
 
 use tracerd::{
     aggregate,
-    cli::{By, Cli, Command, TraceArgs},
+    cli::{By, Cli, ColorWhen, Command, TraceArgs},
     config::{Config, Flags},
     diff, doctor, report, run,
     selection::Selection,
     snoop,
+    style::Style,
     tracer::LoadOptions,
 };
 
@@ -23,10 +24,11 @@ fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // The log follows the same colour rule as the output (--color, NO_COLOR, TERM).
+        .with_ansi(Style::detect(cli.color, std::io::IsTerminal::is_terminal(&std::io::stderr())).is_on())
         .init();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
-    if let Err(e) = runtime.block_on(dispatch(cli.command)) {
+    if let Err(e) = runtime.block_on(dispatch(cli.command, cli.color)) {
         eprintln!("tracerd: error: {e:#}");
         std::process::exit(1);
     }
@@ -52,21 +54,24 @@ fn settings(
     Ok((config, selection, opts))
 }
 
-async fn dispatch(command: Command) -> Result<()> {
+async fn dispatch(command: Command, color: ColorWhen) -> Result<()> {
+    // Text output is coloured only by the rule in `style` (for stdout).
+    let style = Style::stdout(color);
     match command {
         Command::Run { listen, trace } => {
             let (config, selection, opts) = settings(trace, listen)?;
             run::run(config.listen, config.series, &config.http, config.stale_after, selection, opts).await
         }
-        Command::Report { duration, json, by, save, trace } => {
+        Command::Report { duration, json, by, hist, save, trace } => {
             let (_, selection, opts) = settings(trace, None)?;
-            report::report(duration, json, by == Some(By::Qd), save.as_deref(), selection, opts).await
+            let view = report::View { json, by_qd: by == Some(By::Qd), hist, style };
+            report::report(duration, view, save.as_deref(), selection, opts).await
         }
         Command::Snoop { json, duration, trace } => {
             let (_, selection, opts) = settings(trace, None)?;
-            snoop::snoop(json, duration, selection, opts).await
+            snoop::snoop(json, duration, style, selection, opts).await
         }
-        Command::Diff { a, b, json } => diff::diff(&a, &b, json),
+        Command::Diff { a, b, json } => diff::diff(&a, &b, json, style),
         Command::Doctor { json, no_load } => {
             // A FAIL is a finding, already printed: exit 1 without an error line.
             if !doctor::doctor(json, !no_load)? {

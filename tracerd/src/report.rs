@@ -15,18 +15,32 @@ use serde::Serialize;
 use crate::{
     aggregate::{Aggregator, Lost, OpStats, StageHist, Stages},
     capture::{self, Capture},
+    histogram_view::{self, Log2Bucket},
     hooks::HookStatus,
     layers::Phase,
     op::Op,
     selection::Selection,
     session::{Session, shutdown_signal},
     stage::Stage,
+    style::Style,
     topology::Topology,
     tracer::{LoadOptions, kernel_release},
     units,
 };
 
+/// Additions (fields readers may ignore) keep the version; removals and changed meanings bump it.
 pub const SCHEMA_VERSION: u32 = 1;
+
+/// How `report` shows the capture.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct View {
+    pub json: bool,
+    /// Tables per queue depth at issue (`--by qd`).
+    pub by_qd: bool,
+    /// The stage to draw a log2 histogram of (`--hist`).
+    pub hist: Option<Stage>,
+    pub style: Style,
+}
 
 #[derive(Debug, Serialize)]
 pub struct Report {
@@ -37,6 +51,9 @@ pub struct Report {
     /// Lost events during the capture, by reason.
     pub lost: BTreeMap<&'static str, u64>,
     pub hooks: Vec<HookStatus>,
+    /// The `--hist` stage (its rows are in that stage's `log2_buckets`).
+    #[serde(skip)]
+    pub hist: Option<Stage>,
 }
 
 #[derive(Debug, Serialize)]
@@ -102,6 +119,10 @@ pub struct StageSummary {
     pub p99_s: f64,
     pub p999_s: f64,
     pub max_s: f64,
+    /// With `--hist` for this stage: its log2 histogram (histogram_view), rows of
+    /// `{"from_s", "to_s", "count"}` holding from_s <= time < to_s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log2_buckets: Option<Vec<Log2Bucket>>,
 }
 
 impl StageSummary {
@@ -115,6 +136,7 @@ impl StageSummary {
             p99_s: q(0.99),
             p999_s: q(0.999),
             max_s: h.hist.max() as f64 / 1e9,
+            log2_buckets: None,
         }
     }
 }
@@ -128,7 +150,17 @@ fn path_name(mask: usize) -> String {
 }
 
 impl OpReport {
-    fn build(op: Op, s: &OpStats, duration_s: f64, name: impl Fn(u32) -> String) -> OpReport {
+    fn build(
+        op: Op,
+        s: &OpStats,
+        duration_s: f64,
+        hist: Option<Stage>,
+        name: impl Fn(u32) -> String,
+    ) -> OpReport {
+        let mut stages = summaries(&s.stages);
+        if let Some((summary, h)) = hist.and_then(|st| Some((stages.get_mut(&st)?, s.stage(st)?))) {
+            summary.log2_buckets = Some(histogram_view::buckets(&h.hist));
+        }
         OpReport {
             op,
             requests: s.requests,
@@ -144,7 +176,7 @@ impl OpReport {
                 .filter(|(_, n)| **n > 0)
                 .map(|(m, n)| (path_name(m), *n))
                 .collect(),
-            stages: summaries(&s.stages),
+            stages,
             by_queue_depth: s
                 .by_qd
                 .iter()
@@ -181,10 +213,23 @@ impl Report {
         kernel: &str,
         duration_s: f64,
     ) -> Report {
+        Report::build_with(agg, topo, lost, hooks, kernel, duration_s, None)
+    }
+
+    /// `build`, with the log2 histogram of stage `hist` in every op that has it.
+    pub fn build_with(
+        agg: &Aggregator,
+        topo: &Topology,
+        lost: &Lost,
+        hooks: &[HookStatus],
+        kernel: &str,
+        duration_s: f64,
+        hist: Option<Stage>,
+    ) -> Report {
         let duration_s = duration_s.max(1e-9);
         let mut devices: Vec<DeviceReport> = Vec::new();
         for (device, op, stats) in agg.sorted() {
-            let op_report = OpReport::build(op, stats, duration_s, |d| agg.name(d).to_owned());
+            let op_report = OpReport::build(op, stats, duration_s, hist, |d| agg.name(d).to_owned());
             match devices.last_mut() {
                 Some(d) if d.device == device => d.ops.push(op_report),
                 _ => {
@@ -206,10 +251,18 @@ impl Report {
             devices,
             lost: lost.reasons().into_iter().collect(),
             hooks: hooks.to_vec(),
+            hist,
         }
     }
 
+    /// The tables without colour.
     pub fn render_text(&self) -> String {
+        self.render_text_styled(Style::PLAIN)
+    }
+
+    /// The tables, emphasised by `style`: bold headings, histogram bars, lost events in red,
+    /// skipped hooks in yellow. Without colour, exactly `render_text`.
+    pub fn render_text_styled(&self, style: Style) -> String {
         let mut out = String::new();
         let _ = writeln!(out, "tracerd report: {:.1} s on kernel {}", self.duration_s, self.kernel);
         if self.devices.is_empty() {
@@ -218,15 +271,26 @@ impl Report {
         self.render_stacks(&mut out);
         for d in &self.devices {
             for op in &d.ops {
-                render_op(&mut out, &d.label, op);
+                render_op(&mut out, &d.label, op, style);
+            }
+        }
+        if let Some(stage) = self.hist {
+            let drawn = self.devices.iter().flat_map(|d| &d.ops).any(|op| op.stages.contains_key(&stage));
+            if !drawn && !self.devices.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "\nno {} histogram: no traced IO went through that stage.",
+                    stage.as_str().to_uppercase()
+                );
             }
         }
         let lost: Vec<String> =
             self.lost.iter().filter(|(_, n)| **n > 0).map(|(r, n)| format!("{r} {n}")).collect();
-        let _ =
-            writeln!(out, "\nlost events: {}", if lost.is_empty() { "none".into() } else { lost.join(", ") });
+        let lost = if lost.is_empty() { "none".into() } else { style.red(&lost.join(", ")) };
+        let _ = writeln!(out, "\nlost events: {lost}");
         for h in self.hooks.iter().filter(|h| !h.attached()) {
-            let _ = writeln!(out, "skipped hook {}: {}", h.hook, h.reason.as_deref().unwrap_or("unknown"));
+            let line = format!("skipped hook {}: {}", h.hook, h.reason.as_deref().unwrap_or("unknown"));
+            let _ = writeln!(out, "{}", style.yellow(&line));
         }
         out
     }
@@ -260,17 +324,60 @@ impl Report {
     }
 }
 
-fn render_op(out: &mut String, device: &str, op: &OpReport) {
+/// How a column's cells are padded.
+#[derive(Clone, Copy)]
+enum Align {
+    Left,
+    Right,
+}
+
+/// A table indented two spaces, cells one space apart. A column is as wide as its widest cell
+/// and at least `min` (the widths these tables have always had), so a long device name or a
+/// large count widens its own column instead of shifting the rest of its row.
+fn write_table(
+    out: &mut String,
+    style: Style,
+    columns: &[(Align, usize)],
+    header: &[&str],
+    rows: &[Vec<String>],
+) {
+    let chars = |s: &str| s.chars().count();
+    let widths: Vec<usize> = (0..columns.len())
+        .map(|i| rows.iter().map(|r| chars(&r[i])).chain([chars(header[i]), columns[i].1]).max().unwrap_or(0))
+        .collect();
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut l = String::from(" ");
+        for ((cell, (align, _)), w) in cells.zip(columns).zip(&widths) {
+            let _ = match align {
+                Align::Left => write!(l, " {cell:<w$}"),
+                Align::Right => write!(l, " {cell:>w$}"),
+            };
+        }
+        l
+    };
+    let _ = writeln!(out, "{}", style.bold(&line(&mut header.iter().copied())));
+    for r in rows {
+        let _ = writeln!(out, "{}", line(&mut r.iter().map(String::as_str)));
+    }
+}
+
+/// Seconds in the tables' units.
+fn t(secs: f64) -> String {
+    units::duration_ns(secs * 1e9)
+}
+
+fn render_op(out: &mut String, device: &str, op: &OpReport, style: Style) {
+    let errors = format!("{} errors", op.errors);
     let _ = writeln!(
         out,
-        "\n{device} {}: {} requests, {}, {:.1} IOPS, {}/s, {} merged bios, {} errors",
-        op.op.as_str(),
+        "\n{} {} requests, {}, {:.1} IOPS, {}/s, {} merged bios, {}",
+        style.bold(&format!("{device} {}:", op.op.as_str())),
         op.requests,
         units::bytes(op.bytes as f64),
         op.iops,
         units::bytes(op.bytes_per_second),
         op.merged_bios,
-        op.errors
+        if op.errors > 0 { style.red(&errors) } else { errors }
     );
     let total: u64 = op.paths.values().sum();
     let paths: Vec<String> = op
@@ -281,54 +388,43 @@ fn render_op(out: &mut String, device: &str, op: &OpReport) {
     if !paths.is_empty() {
         let _ = writeln!(out, "  paths: {}", paths.join(", "));
     }
-    let _ = writeln!(
+    let rows: Vec<Vec<String>> = op
+        .stages
+        .iter()
+        .map(|(stage, s)| {
+            let times = [s.mean_s, s.p50_s, s.p90_s, s.p99_s, s.p999_s, s.max_s].map(t);
+            [stage.as_str().to_uppercase(), s.count.to_string()].into_iter().chain(times).collect()
+        })
+        .collect();
+    let columns = [(Align::Left, 6), (Align::Right, 9)];
+    write_table(
         out,
-        "  {:<6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        "stage", "count", "mean", "p50", "p90", "p99", "p99.9", "max"
+        style,
+        &[columns[0], columns[1], columns[1], columns[1], columns[1], columns[1], columns[1], columns[1]],
+        &["stage", "count", "mean", "p50", "p90", "p99", "p99.9", "max"],
+        &rows,
     );
-    for (stage, s) in &op.stages {
-        let t = |secs: f64| units::duration_ns(secs * 1e9);
-        let _ = writeln!(
-            out,
-            "  {:<6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
-            stage.as_str().to_uppercase(),
-            s.count,
-            t(s.mean_s),
-            t(s.p50_s),
-            t(s.p90_s),
-            t(s.p99_s),
-            t(s.p999_s),
-            t(s.max_s)
-        );
-    }
     if !op.layers.is_empty() {
-        let _ = writeln!(
-            out,
-            "  per layer (Q2C = layer + lower + completion, IO by IO):\n  {:<10} {:>8} {:<11} {:>9} {:>9} {:>9} {:>9} {:>9}",
-            "lower", "ios", "phase", "mean", "p50", "p90", "p99", "max"
-        );
-        let t = |secs: f64| units::duration_ns(secs * 1e9);
+        let _ = writeln!(out, "  per layer (Q2C = layer + lower + completion, IO by IO):");
+        let mut rows: Vec<Vec<String>> = vec![];
         for l in &op.layers {
             for (i, (phase, s)) in l.phases.iter().enumerate() {
                 let (name, ios) =
-                    if i == 0 { (l.lower.as_str(), l.ios.to_string()) } else { ("", String::new()) };
-                let _ = writeln!(
-                    out,
-                    "  {:<10} {:>8} {:<11} {:>9} {:>9} {:>9} {:>9} {:>9}",
-                    name,
-                    ios,
-                    phase.as_str(),
-                    t(s.mean_s),
-                    t(s.p50_s),
-                    t(s.p90_s),
-                    t(s.p99_s),
-                    t(s.max_s)
-                );
+                    if i == 0 { (l.lower.clone(), l.ios.to_string()) } else { Default::default() };
+                let times = [s.mean_s, s.p50_s, s.p90_s, s.p99_s, s.max_s].map(t);
+                rows.push([name, ios, phase.as_str().to_owned()].into_iter().chain(times).collect());
             }
         }
+        let time = (Align::Right, 9);
+        write_table(
+            out,
+            style,
+            &[(Align::Left, 10), (Align::Right, 8), (Align::Left, 11), time, time, time, time, time],
+            &["lower", "ios", "phase", "mean", "p50", "p90", "p99", "max"],
+            &rows,
+        );
     }
     for (function, s) in &op.submit_path {
-        let t = |secs: f64| units::duration_ns(secs * 1e9);
         let _ = writeln!(
             out,
             "  submit path ({function}): {} IOs, mean {}, p50 {}, p99 {}, max {}",
@@ -340,28 +436,44 @@ fn render_op(out: &mut String, device: &str, op: &OpReport) {
         );
     }
     if !op.by_queue_depth.is_empty() {
-        let _ = writeln!(
+        let _ = writeln!(out, "  by queue depth at issue:");
+        let rows: Vec<Vec<String>> = op
+            .by_queue_depth
+            .iter()
+            .map(|qd| {
+                let cell = |stage: Stage, f: fn(&StageSummary) -> f64| {
+                    qd.stages.get(&stage).map_or("-".to_string(), |s| t(f(s)))
+                };
+                let count = qd.stages.get(&Stage::D2c).map_or(0, |s| s.count);
+                vec![
+                    qd.queue_depth.to_string(),
+                    count.to_string(),
+                    cell(Stage::Q2d, |s| s.mean_s),
+                    cell(Stage::Q2d, |s| s.p50_s),
+                    cell(Stage::Q2d, |s| s.p99_s),
+                    cell(Stage::D2c, |s| s.mean_s),
+                    cell(Stage::D2c, |s| s.p50_s),
+                    cell(Stage::D2c, |s| s.p99_s),
+                ]
+            })
+            .collect();
+        let time = (Align::Right, 10);
+        write_table(
             out,
-            "  by queue depth at issue:\n  {:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
-            "qd", "count", "Q2D mean", "Q2D p50", "Q2D p99", "D2C mean", "D2C p50", "D2C p99"
+            style,
+            &[(Align::Right, 5), (Align::Right, 9), time, time, time, time, time, time],
+            &["qd", "count", "Q2D mean", "Q2D p50", "Q2D p99", "D2C mean", "D2C p50", "D2C p99"],
+            &rows,
         );
-        for qd in &op.by_queue_depth {
-            let cell = |stage: Stage, f: fn(&StageSummary) -> f64| {
-                qd.stages.get(&stage).map_or("-".to_string(), |s| units::duration_ns(f(s) * 1e9))
-            };
-            let count = qd.stages.get(&Stage::D2c).map_or(0, |s| s.count);
+    }
+    for (stage, s) in &op.stages {
+        if let Some(rows) = &s.log2_buckets {
             let _ = writeln!(
                 out,
-                "  {:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
-                qd.queue_depth,
-                count,
-                cell(Stage::Q2d, |s| s.mean_s),
-                cell(Stage::Q2d, |s| s.p50_s),
-                cell(Stage::Q2d, |s| s.p99_s),
-                cell(Stage::D2c, |s| s.mean_s),
-                cell(Stage::D2c, |s| s.p50_s),
-                cell(Stage::D2c, |s| s.p99_s),
+                "  {} histogram (a row holds from <= time < to):",
+                stage.as_str().to_uppercase()
             );
+            out.push_str(&histogram_view::render_buckets(rows, style));
         }
     }
 }
@@ -370,8 +482,7 @@ fn render_op(out: &mut String, device: &str, op: &OpReport) {
 /// writes the capture for `tracerd diff`.
 pub async fn report(
     duration: f64,
-    json: bool,
-    by_qd: bool,
+    view: View,
     save: Option<&Path>,
     selection: Selection,
     opts: LoadOptions,
@@ -389,7 +500,7 @@ pub async fn report(
     let mut session = Session::start(selection, &opts)?;
     let ops = session.tracer.ops;
     let base = session.lost()?;
-    let mut agg = Aggregator::new(by_qd);
+    let mut agg = Aggregator::new(view.by_qd);
     let progress = std::io::stderr().is_terminal();
     let started = Instant::now();
     let started_unix_s = capture::unix_now();
@@ -424,13 +535,13 @@ pub async fn report(
     let topo = session.topo.clone();
     drop(session);
     let kernel = kernel_release();
-    let report = Report::build(&agg, &topo, &lost, &hooks, &kernel, elapsed);
+    let report = Report::build_with(&agg, &topo, &lost, &hooks, &kernel, elapsed, view.hist);
     let mut out = std::io::stdout().lock();
-    if json {
+    if view.json {
         serde_json::to_writer_pretty(&mut out, &report)?;
         writeln!(out)?;
     } else {
-        write!(out, "{}", report.render_text())?;
+        write!(out, "{}", report.render_text_styled(view.style))?;
     }
     out.flush()?;
     if let Some(path) = save {
@@ -478,8 +589,8 @@ mod tests {
         assert_eq!(json["lost"]["ringbuf_full"], 0);
     }
 
-    #[test]
-    fn text_shows_stacks_as_trees_with_layer_rows() {
+    /// md0 (raid1) over ram0 and ram1, one write.
+    fn stacked() -> (Aggregator, Topology) {
         use crate::layers::LayerSplit;
         use crate::topology::tests::fake_stacked_sysfs;
         let dir = fake_stacked_sysfs(
@@ -502,6 +613,12 @@ mod tests {
         (lower.ts[event::Q], lower.ts[event::C]) = (1000, 9000);
         agg.add(ram0, Op::Write, &lower, &[], name);
         agg.add(ram1, Op::Write, &lower, &[], name);
+        (agg, topo)
+    }
+
+    #[test]
+    fn text_shows_stacks_as_trees_with_layer_rows() {
+        let (agg, topo) = stacked();
         let text = Report::build(&agg, &topo, &Lost::default(), &[], "6.1", 1.0).render_text();
         assert!(text.contains("device stacks:\n  md0 (raid1)\n  ├─ ram0\n  └─ ram1\n"), "{text}");
         assert!(text.contains("md0 (raid1) write: 1 requests"), "{text}");
@@ -520,5 +637,247 @@ mod tests {
         assert!(!text.contains("G2I"), "{text}");
         assert!(text.contains("by queue depth at issue"), "{text}");
         assert!(text.contains("lost events: none"), "{text}");
+    }
+
+    /// `render_text` before colour, histograms and growing columns existed (captured from that
+    /// version): without colour and `--hist`, the text must stay exactly this.
+    const BEFORE_QD: &str = r#"tracerd report: 2.0 s on kernel 6.18
+
+loop0 read: 3 requests, 12.0KiB, 1.5 IOPS, 6.0KiB/s, 0 merged bios, 0 errors
+  paths: QGDC 3 (100.0%)
+  stage      count      mean       p50       p90       p99     p99.9       max
+  Q2G            3     1.0µs     1.0µs     1.0µs     1.0µs     1.0µs     1.0µs
+  G2D            3     1.0µs     1.0µs     1.0µs     1.0µs     1.0µs     1.0µs
+  Q2D            3     2.0µs     2.0µs     2.0µs     2.0µs     2.0µs     2.0µs
+  D2C            3    20.0µs    20.0µs    30.0µs    30.0µs    30.0µs    30.0µs
+  Q2C            3    22.0µs    22.0µs    32.1µs    32.1µs    32.1µs    32.1µs
+  by queue depth at issue:
+     qd     count   Q2D mean    Q2D p50    Q2D p99   D2C mean    D2C p50    D2C p99
+      1         2      2.0µs      2.0µs      2.0µs     15.0µs     10.0µs     20.0µs
+      2         1      2.0µs      2.0µs      2.0µs     30.0µs     30.0µs     30.0µs
+
+lost events: none
+"#;
+    const BEFORE_STACKED: &str = r#"tracerd report: 1.0 s on kernel 6.1
+
+device stacks:
+  md0 (raid1)
+  ├─ ram0
+  └─ ram1
+
+md0 (raid1) write: 1 requests, 0B, 1.0 IOPS, 0B/s, 0 merged bios, 0 errors
+  paths: C 1 (100.0%)
+  stage      count      mean       p50       p90       p99     p99.9       max
+  per layer (Q2C = layer + lower + completion, IO by IO):
+  lower           ios phase            mean       p50       p90       p99       max
+  ram0              1 layer           1.0µs     1.0µs     1.0µs     1.0µs     1.0µs
+                      lower           8.0µs     8.1µs     8.1µs     8.1µs     8.1µs
+                      completion      1.0µs     1.0µs     1.0µs     1.0µs     1.0µs
+  ram1              1 layer           2.0µs     2.0µs     2.0µs     2.0µs     2.0µs
+                      lower           7.0µs     7.0µs     7.0µs     7.0µs     7.0µs
+                      completion      1.0µs     1.0µs     1.0µs     1.0µs     1.0µs
+  submit path (submit_bio): 1 IOs, mean 5.0µs, p50 5.1µs, p99 5.1µs, max 5.1µs
+
+ram0 write: 1 requests, 0B, 1.0 IOPS, 0B/s, 0 merged bios, 0 errors
+  paths: QC 1 (100.0%)
+  stage      count      mean       p50       p90       p99     p99.9       max
+  Q2C            1     8.0µs     8.1µs     8.1µs     8.1µs     8.1µs     8.1µs
+
+ram1 write: 1 requests, 0B, 1.0 IOPS, 0B/s, 0 merged bios, 0 errors
+  paths: QC 1 (100.0%)
+  stage      count      mean       p50       p90       p99     p99.9       max
+  Q2C            1     8.0µs     8.1µs     8.1µs     8.1µs     8.1µs     8.1µs
+
+lost events: stale_bio 3
+"#;
+
+    #[test]
+    fn plain_text_is_unchanged_by_colour_and_histogram_support() {
+        let r = Report::build(&agg(), &Topology::default(), &Lost::default(), &[], "6.18", 2.0);
+        assert_eq!(r.render_text(), BEFORE_QD);
+        assert_eq!(r.render_text_styled(Style::PLAIN), BEFORE_QD);
+        let (agg, topo) = stacked();
+        let lost = Lost { stale_bio: 3, ..Default::default() };
+        assert_eq!(Report::build(&agg, &topo, &lost, &[], "6.1", 1.0).render_text(), BEFORE_STACKED);
+    }
+
+    #[test]
+    fn colour_only_adds_escapes() {
+        let (agg, topo) = stacked();
+        let lost = Lost { stale_bio: 3, ..Default::default() };
+        let r = Report::build_with(&agg, &topo, &lost, &[], "6.1", 1.0, Some(Stage::Q2c));
+        let coloured = r.render_text_styled(Style::COLOR);
+        assert_eq!(crate::style::strip(&coloured), r.render_text());
+        assert!(coloured.contains("lost events: \x1b[31mstale_bio 3\x1b[39m"), "{coloured}");
+        assert!(coloured.contains("\n\x1b[1mmd0 (raid1) write:\x1b[22m 1 requests"), "{coloured}");
+        assert!(coloured.contains("\x1b[1m  stage      count"), "{coloured}");
+        assert!(coloured.contains("|\x1b[36m****"), "histogram bars: {coloured}");
+        assert!(!r.render_text().contains('\x1b'));
+    }
+
+    #[test]
+    fn hist_draws_the_stage_after_each_table_and_adds_its_buckets_to_json() {
+        let r = Report::build_with(
+            &agg(),
+            &Topology::default(),
+            &Lost::default(),
+            &[],
+            "6.18",
+            2.0,
+            Some(Stage::D2c),
+        );
+        let text = r.render_text();
+        // The tables are the same, the histogram follows them.
+        let (tables, hist) =
+            text.split_once("  D2C histogram (a row holds from <= time < to):\n").expect(&text);
+        assert!(BEFORE_QD.starts_with(tables), "{text}");
+        assert_eq!(
+            hist,
+            "  range             count  percent  distribution\n   \
+             8.2µs -> 16.4µs      1    33.3%  |********************                    |\n  \
+             16.4µs -> 32.8µs      2    66.7%  |****************************************|\n\
+             \nlost events: none\n"
+        );
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["schema_version"], 1, "an added field keeps the schema version");
+        let stages = &json["devices"][0]["ops"][0]["stages"];
+        assert_eq!(
+            stages["d2c"]["log2_buckets"],
+            serde_json::json!([
+                {"from_s": 8.192e-6, "to_s": 1.6384e-5, "count": 1},
+                {"from_s": 1.6384e-5, "to_s": 3.2768e-5, "count": 2}
+            ])
+        );
+        assert!(stages["q2c"].get("log2_buckets").is_none(), "only the chosen stage");
+        let plain = serde_json::to_value(Report::build(
+            &agg(),
+            &Topology::default(),
+            &Lost::default(),
+            &[],
+            "6.18",
+            2.0,
+        ))
+        .unwrap();
+        assert!(plain["devices"][0]["ops"][0]["stages"]["d2c"].get("log2_buckets").is_none());
+        // A stage no IO went through: said once, nothing drawn.
+        let r = Report::build_with(
+            &agg(),
+            &Topology::default(),
+            &Lost::default(),
+            &[],
+            "6.18",
+            2.0,
+            Some(Stage::I2d),
+        );
+        let text = r.render_text();
+        assert!(text.contains("\nno I2D histogram: no traced IO went through that stage.\n"), "{text}");
+        assert!(!text.contains("distribution"), "{text}");
+    }
+
+    /// Character spans of a table's header cells, found in order.
+    fn header_spans(line: &str, cells: &[&str]) -> Vec<(usize, usize)> {
+        let mut from = 0;
+        cells
+            .iter()
+            .map(|c| {
+                let at = from + line[from..].find(c).unwrap_or_else(|| panic!("{c} in {line}"));
+                from = at + c.len();
+                (line[..at].chars().count(), line[..from].chars().count())
+            })
+            .collect()
+    }
+
+    /// Asserts that every row of the table under `header` has each cell where the header has its
+    /// column: left-aligned columns (`lefts`) by their first character, the others by their last.
+    /// Offsets count characters, the terminal's columns (µ is one column, two bytes in UTF-8).
+    /// Cells are matched from the right, so rows with empty leading cells (layer rows) count too.
+    fn assert_aligned(text: &str, header: &[&str], lefts: &[usize], rows: usize) {
+        let lines: Vec<&str> = text.lines().collect();
+        let h = lines
+            .iter()
+            .position(|l| l.split_whitespace().collect::<Vec<_>>().join(" ") == header.join(" "))
+            .unwrap_or_else(|| panic!("no table {header:?} in\n{text}"));
+        let spans = header_spans(lines[h], header);
+        for row in &lines[h + 1..=h + rows] {
+            let mut cells = vec![];
+            let mut start = None;
+            for (i, c) in row.chars().chain([' ']).enumerate() {
+                match (c == ' ', start) {
+                    (false, None) => start = Some(i),
+                    (true, Some(s)) => {
+                        cells.push((s, i));
+                        start = None;
+                    }
+                    _ => {}
+                }
+            }
+            assert!(cells.len() <= spans.len(), "{row}");
+            let skip = spans.len() - cells.len();
+            for (col, (cell, head)) in cells.iter().zip(&spans[skip..]).enumerate() {
+                let col = col + skip;
+                let ok = if lefts.contains(&col) { cell.0 == head.0 } else { cell.1 == head.1 };
+                assert!(ok, "column {} ({}) out of line in\n{}\n{row}\n\n{text}", col, header[col], lines[h]);
+            }
+            assert_eq!(row.chars().count(), lines[h].chars().count(), "{row}\n{text}");
+        }
+    }
+
+    #[test]
+    fn tables_stay_aligned_for_long_names_large_counts_and_ns_to_minutes() {
+        use crate::layers::LayerSplit;
+        use crate::topology::tests::fake_stacked_sysfs;
+        let dir = fake_stacked_sysfs(
+            &[
+                ("nvme0n1", "259:0", None, true),
+                ("nvme0n1p12", "259:12", Some("nvme0n1"), false),
+                ("mmcblk0boot0", "179:8", None, true),
+            ],
+            &[("dm-0", "253:0", &["nvme0n1p12", "mmcblk0boot0"], Some("lin0"), None)],
+        );
+        let topo = Topology::scan_root(&dir.0).unwrap();
+        let name = |d: u32| topo.name_of(d);
+        let (dm0, p12, boot) = (
+            crate::topology::kernel_dev(253, 0),
+            crate::topology::kernel_dev(259, 12),
+            crate::topology::kernel_dev(179, 8),
+        );
+        let mut agg = Aggregator::new(true);
+        // From 50 ns (Q2G) to 5 minutes (Q2C; the histogram tops out at 60 s, the mean does not).
+        for (i, (d2c, qd)) in [(700u64, 1u32), (3_000_000, 4), (90_000_000_000, 128), (300_000_000_000, 128)]
+            .into_iter()
+            .enumerate()
+        {
+            let mut r = IoRecord { kind: kind::REQUEST, bytes: 4096, queue_depth: qd, ..Default::default() };
+            (r.ts[event::Q], r.ts[event::G], r.ts[event::D]) = (1, 51, 951 + i as u64);
+            r.ts[event::C] = r.ts[event::D] + d2c;
+            agg.add(p12, Op::Read, &r, &[], name);
+            let mut upper = IoRecord { kind: kind::BIO, ..Default::default() };
+            (upper.ts[event::Q], upper.ts[event::C]) = (1, 1 + d2c + 2000);
+            let split =
+                |lower| LayerSplit { lower, ios: 1, layer_ns: 1000, lower_ns: d2c, completion_ns: 1000 };
+            agg.add(dm0, Op::Read, &upper, &[split(p12), split(boot)], name);
+        }
+        // Two billion more IOs of 20 µs, beyond the count column's nine digits.
+        let s = agg.series.get_mut(&(p12, Op::Read)).unwrap();
+        for h in [&mut s.stages, s.by_qd.get_mut(&1).unwrap()] {
+            let d2c = h[Stage::D2c.index()].as_mut().unwrap();
+            d2c.hist.record_n(20_000, 2_000_000_000).unwrap();
+            d2c.sum_ns += 20_000 * 2_000_000_000;
+        }
+        let text = Report::build_with(&agg, &topo, &Lost::default(), &[], "6.18", 600.0, Some(Stage::D2c))
+            .render_text();
+        assert!(text.contains("dm-0 (lin0) read: 4 requests"), "{text}");
+        assert!(text.contains("  mmcblk0boot0"), "{text}");
+        assert!(text.contains("2000000004"), "{text}");
+        assert!(["50ns", "20.0µs", "3.00ms", "97.50s", "195.00s"].iter().all(|v| text.contains(v)), "{text}");
+        let stage_header = ["stage", "count", "mean", "p50", "p90", "p99", "p99.9", "max"];
+        // nvme0n1p12: Q2G G2D Q2D D2C Q2C; dm-0: Q2C.
+        let nvme = &text[text.find("nvme0n1p12 read").unwrap()..];
+        assert_aligned(nvme, &stage_header, &[0], 5);
+        let dm = &text[text.find("dm-0 (lin0) read").unwrap()..];
+        assert_aligned(dm, &stage_header, &[0], 1);
+        assert_aligned(&text, &["lower", "ios", "phase", "mean", "p50", "p90", "p99", "max"], &[0, 2], 6);
+        let qd = ["qd", "count", "Q2D mean", "Q2D p50", "Q2D p99", "D2C mean", "D2C p50", "D2C p99"];
+        assert_aligned(&text, &qd, &[], 3);
     }
 }

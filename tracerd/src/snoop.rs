@@ -17,6 +17,7 @@ use crate::{
     selection::Selection,
     session::{Io, Session, shutdown_signal},
     stage::{Stage, path},
+    style::Style,
     topology::Topology,
     tracer::LoadOptions,
     units,
@@ -26,6 +27,7 @@ use crate::{
 struct Printer<W: Write> {
     out: W,
     json: bool,
+    style: Style,
     ops: OpDecoder,
     names: HashMap<u32, String>,
     error: Option<std::io::Error>,
@@ -40,7 +42,7 @@ impl<W: Write> Printer<W> {
                 .map_err(std::io::Error::from)
                 .and_then(|_| writeln!(self.out))
         } else {
-            write_text(&mut self.out, &line)
+            write_text(&mut self.out, &line, self.style)
         };
         if let Err(e) = r {
             self.error.get_or_insert(e);
@@ -160,19 +162,31 @@ pub fn line<'a>(device: &'a str, io: &Io<'a>, ops: &OpDecoder, topo: &Topology) 
 const COLUMNS: [Stage; 7] =
     [Stage::Q2g, Stage::G2i, Stage::I2d, Stage::G2d, Stage::D2c, Stage::Q2c, Stage::Q2m];
 
-pub fn write_header(out: &mut dyn Write) -> std::io::Result<()> {
-    write!(
-        out,
+/// The column headings, bold where `style` colours.
+pub fn write_header(out: &mut dyn Write, style: Style) -> std::io::Result<()> {
+    let mut h = format!(
         "{:<12} {:<15} {:>7} {:<10} {:<5} {:>12} {:>7} {:>4} {:<6}",
         "DEVICE", "COMM", "PID", "OP", "RWBS", "SECTOR", "BYTES", "QD", "PATH"
-    )?;
+    );
     for s in COLUMNS {
-        write!(out, " {:>8}", s.as_str().to_uppercase())?;
+        h.push_str(&format!(" {:>8}", s.as_str().to_uppercase()));
     }
+    writeln!(out, "{}", style.bold(&h))
+}
+
+/// One IO as a line of columns; an IO that completed with an error is red where `style` colours.
+pub fn write_text(out: &mut dyn Write, l: &SnoopLine, style: Style) -> std::io::Result<()> {
+    if l.error != 0 && style.is_on() {
+        let mut text = Vec::new();
+        write_columns(&mut text, l)?;
+        return writeln!(out, "{}", style.red(&String::from_utf8_lossy(&text)));
+    }
+    // The common path writes straight into the (buffered) output: snoop runs per IO.
+    write_columns(out, l)?;
     writeln!(out)
 }
 
-pub fn write_text(out: &mut dyn Write, l: &SnoopLine) -> std::io::Result<()> {
+fn write_columns(out: &mut dyn Write, l: &SnoopLine) -> std::io::Result<()> {
     write!(
         out,
         "{:<12} {:<15} {:>7} {:<10} {:<5} {:>12} {:>7} {:>4} {:<6}",
@@ -192,21 +206,28 @@ pub fn write_text(out: &mut dyn Write, l: &SnoopLine) -> std::io::Result<()> {
             None => write!(out, " {:>8}", "-")?,
         }
     }
-    writeln!(out)
+    Ok(())
 }
 
 /// Prints every IO until SIGINT/SIGTERM, `duration`, or a closed stdout.
-pub async fn snoop(json: bool, duration: Option<f64>, selection: Selection, opts: LoadOptions) -> Result<()> {
+pub async fn snoop(
+    json: bool,
+    duration: Option<f64>,
+    style: Style,
+    selection: Selection,
+    opts: LoadOptions,
+) -> Result<()> {
     let mut session = Session::start(selection, &opts)?;
     let mut p = Printer {
         out: std::io::BufWriter::new(std::io::stdout().lock()),
         json,
+        style,
         ops: session.tracer.ops,
         names: HashMap::new(),
         error: None,
     };
     if !json {
-        write_header(&mut p.out)?;
+        write_header(&mut p.out, style)?;
         p.flush();
     }
     let deadline = tokio::time::sleep(Duration::from_secs_f64(duration.unwrap_or(f64::from(u32::MAX))));
@@ -234,5 +255,55 @@ pub async fn snoop(json: bool, duration: Option<f64>, selection: Selection, opts
         // A closed pipe (snoop | head) is a normal way to stop.
         Some(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(error: u32, style: Style) -> String {
+        let l = SnoopLine {
+            kind: "request",
+            device: "loop0",
+            submitted_to: None,
+            op: Op::Read,
+            rwbs: "R".into(),
+            sector: 8,
+            bytes: 4096,
+            queue_depth: 1,
+            pid: 42,
+            comm: "iogen",
+            path: "QGDC".into(),
+            requeued: false,
+            split: false,
+            error,
+            events_ns: BTreeMap::new(),
+            stages_ns: BTreeMap::from([(Stage::D2c, 12_345)]),
+            id: None,
+            parent: None,
+            submit_ns: None,
+            personality_ns: None,
+            layers: vec![],
+        };
+        let mut out = Vec::new();
+        write_text(&mut out, &l, style).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn failed_ios_are_red_only_where_colour_is_on() {
+        let ok = text(0, Style::PLAIN);
+        assert!(
+            ok.starts_with("loop0        iogen") && ok.ends_with("   12.3µs        -        -\n"),
+            "{ok:?}"
+        );
+        assert_eq!(text(0, Style::COLOR), ok, "a good IO is never coloured");
+        assert_eq!(text(10, Style::PLAIN), ok);
+        let failed = text(10, Style::COLOR);
+        assert_eq!(failed, format!("\x1b[31m{}\x1b[39m\n", ok.trim_end_matches('\n')));
+        let mut header = Vec::new();
+        write_header(&mut header, Style::PLAIN).unwrap();
+        assert!(String::from_utf8(header).unwrap().starts_with("DEVICE       COMM"));
     }
 }
