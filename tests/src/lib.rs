@@ -105,7 +105,7 @@ impl LoopDevice {
 /// Removes a detached loop device from the system (LOOP_CTL_REMOVE): unlike `losetup -d`,
 /// which leaves an empty /dev/loopN, the device then leaves /sys/class/block.
 pub fn remove_loop_device(name: &str) {
-    const LOOP_CTL_REMOVE: libc::c_ulong = 0x4C81;
+    const LOOP_CTL_REMOVE: libc::Ioctl = 0x4C81;
     let index: libc::c_long = name.trim_start_matches("loop").parse().expect("loopN");
     let ctl =
         fs::OpenOptions::new().read(true).write(true).open("/dev/loop-control").expect("/dev/loop-control");

@@ -28,8 +28,17 @@ use anyhow::{Context, Result, bail, ensure};
 
 use crate::{cpio::CpioWriter, root_dir, run, setup};
 
-const VM_PACKAGES: &[&str] =
-    &["qemu-system-x86", "busybox-static", "mdadm", "dmsetup", "xz-utils", "util-linux", "fdisk"];
+/// musl-tools: the static build compiles C (ring, for TLS) with x86_64-linux-musl-gcc.
+const VM_PACKAGES: &[&str] = &[
+    "qemu-system-x86",
+    "busybox-static",
+    "mdadm",
+    "dmsetup",
+    "xz-utils",
+    "util-linux",
+    "fdisk",
+    "musl-tools",
+];
 const MUSL: &str = "x86_64-unknown-linux-musl";
 /// Debian's meta package; it depends on the concrete `linux-image-<abi>-amd64`.
 const KERNEL_META: &str = "linux-image-amd64";
