@@ -683,14 +683,20 @@ fn on_queue_rq_enter<M: Mem>(queue_data: u64) {
     let _ = SUBMITTING.insert(&thread_id(), &sub, 0);
 }
 
-/// Return of queue_rq: its time goes to the upper request.
-fn on_queue_rq_exit() {
+/// The submit call this task is leaving (entered through a kprobe), removed from `SUBMITTING`.
+fn take_submitting() -> Option<SubmitState> {
     let tid = thread_id();
     // SAFETY: copy out of a map value.
-    let Some(sub) = (unsafe { SUBMITTING.get(&tid) }).copied() else {
+    let sub = (unsafe { SUBMITTING.get(&tid) }).copied()?;
+    let _ = SUBMITTING.remove(&tid);
+    Some(sub)
+}
+
+/// Return of queue_rq: its time goes to the upper request.
+fn on_queue_rq_exit() {
+    let Some(sub) = take_submitting() else {
         return;
     };
-    let _ = SUBMITTING.remove(&tid);
     if let Some(state) = slot_get(&REQUESTS, limits::REQUEST_SLOTS, sub.bio) {
         // SAFETY: map value pointer from a successful lookup.
         unsafe { (*state).record.submit_ns += bpf_ktime_get_ns() - sub.entered_ns };
@@ -752,12 +758,9 @@ fn on_submit_enter<M: Mem>(bio: u64) {
 /// Return of the submit function: its time goes to the upper bio, which is still in flight
 /// (lower bios queued inside it run after it returns).
 fn on_submit_exit() {
-    let tid = thread_id();
-    // SAFETY: copy out of a map value.
-    let Some(sub) = (unsafe { SUBMITTING.get(&tid) }).copied() else {
+    let Some(sub) = take_submitting() else {
         return;
     };
-    let _ = SUBMITTING.remove(&tid);
     if let Some(b) = slot_get(&BIOS, limits::BIO_SLOTS, sub.bio) {
         // SAFETY: map value pointer from a successful lookup.
         unsafe { (*b).submit_ns += bpf_ktime_get_ns() - sub.entered_ns };
