@@ -309,11 +309,12 @@ pub fn tracerd_output(args: &[&str]) -> (ExitStatus, String, String) {
     (out.status, String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
 }
 
-/// A minimal HTTP GET: (status, body).
+/// A minimal HTTP GET: (status, body). HTTP/1.0, so no server (tracerd, Prometheus) answers
+/// with chunked encoding, and the body ends with the connection.
 pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
     let mut resp = String::new();
     s.read_to_string(&mut resp).ok()?;
     let status = resp.split_whitespace().nth(1)?.parse().ok()?;

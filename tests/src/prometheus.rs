@@ -3,8 +3,7 @@
 
 use std::{
     fs,
-    io::{Read, Write},
-    net::TcpStream,
+    io::Write,
     path::PathBuf,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -12,7 +11,7 @@ use std::{
 
 use serde_json::Value;
 
-use crate::{free_port, unique};
+use crate::{free_port, http_get, unique};
 
 pub struct Prometheus {
     child: Child,
@@ -56,7 +55,7 @@ impl Prometheus {
             .expect("start prometheus");
         let p = Prometheus { child, dir, addr };
         let deadline = Instant::now() + Duration::from_secs(30);
-        while get(&p.addr, "/-/ready").map(|(s, _)| s) != Some(200) {
+        while http_get(&p.addr, "/-/ready").map(|(s, _)| s) != Some(200) {
             assert!(Instant::now() < deadline, "prometheus never became ready:\n{}", p.log());
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -70,7 +69,7 @@ impl Prometheus {
     /// An instant query through the HTTP API: the `data.result` array. Panics on a query error
     /// (bad PromQL), with Prometheus's message.
     pub fn query(&self, expr: &str) -> Vec<Value> {
-        let (status, body) = get(&self.addr, &format!("/api/v1/query?query={}", url_encode(expr)))
+        let (status, body) = http_get(&self.addr, &format!("/api/v1/query?query={}", url_encode(expr)))
             .unwrap_or_else(|| panic!("no answer from prometheus for {expr}"));
         let v: Value =
             serde_json::from_str(&body).unwrap_or_else(|e| panic!("{expr}: bad JSON ({e}): {body}"));
@@ -92,18 +91,6 @@ impl Drop for Prometheus {
         let _ = self.child.wait();
         let _ = fs::remove_dir_all(&self.dir);
     }
-}
-
-/// HTTP/1.0 GET (so the server sends no chunked encoding): (status, body).
-fn get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).ok()?;
-    let status = resp.split_whitespace().nth(1)?.parse().ok()?;
-    let body = resp.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    Some((status, body))
 }
 
 fn url_encode(s: &str) -> String {

@@ -171,17 +171,9 @@ fn open_request(disk: u32, issued_ns: u64) -> Slot<RequestState> {
     Slot { key: 0xffff_dead_0000_0000 | disk as u64, value: RequestState { record, issued: 1, _pad: [0; 7] } }
 }
 
+/// A device's kernel `dev_t`, as tracerd reads it from sysfs.
 fn dev_t(name: &str) -> u32 {
-    let text = std::fs::read_to_string(format!("/sys/class/block/{name}/dev")).unwrap();
-    let (major, minor) = text.trim().split_once(':').unwrap();
-    major.parse::<u32>().unwrap() << 20 | minor.parse::<u32>().unwrap()
-}
-
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: valid pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    tracerd::topology::Topology::scan().unwrap().by_name(name).expect(name).dev
 }
 
 /// Completions the kernel never reports leave entries behind. Planted in tracerd's real
@@ -200,7 +192,7 @@ fn missed_completions_are_evicted_and_counted() {
     let agent = Tracerd::run(&["--config", cfg.to_str().unwrap()]);
     let mut table = requests_table(&before);
     let last = table.len() - 1;
-    let now = monotonic_ns();
+    let now = tracerd::tracer::monotonic_ns();
     // One open request long ago on a device that stays, one "now" (not stale for a minute)
     // on a device about to vanish.
     table.set(last, open_request(dev_t(&stays.name), now - 10_000_000_000), 0).unwrap();

@@ -111,9 +111,12 @@ fn slot_get<V>(table: &Array<Slot<V>>, size: u32, key: u64) -> Option<*mut V> {
 /// place: a struct copy here compiles to a call of a byte-loop memcpy.
 #[inline(always)]
 fn slot_claim<V>(table: &Array<Slot<V>>, size: u32, key: u64) -> Option<*mut V> {
-    if let Some(slot) = slot_get(table, size, key) {
-        return Some(slot);
-    }
+    slot_get(table, size, key).or_else(|| slot_claim_free(table, size, key))
+}
+
+/// Claims a free way of `key`'s set, for a caller that has just looked `key` up and missed.
+#[inline(always)]
+fn slot_claim_free<V>(table: &Array<Slot<V>>, size: u32, key: u64) -> Option<*mut V> {
     let set = slot_set(key, size);
     for way in 0..SLOT_WAYS {
         if let Some(slot) = table.get_ptr_mut(set + way) {
@@ -480,7 +483,8 @@ fn missed_completion(state: *mut RequestState) -> bool {
 fn on_rq_insert<M: Mem>(rq: u64) {
     let now = unsafe { bpf_ktime_get_ns() };
     let key = M::key(rq);
-    if let Some(state) = slot_get(&REQUESTS, limits::REQUEST_SLOTS, key) {
+    let open = slot_get(&REQUESTS, limits::REQUEST_SLOTS, key);
+    if let Some(state) = open {
         if !missed_completion(state) {
             // SAFETY: map value pointer from a successful lookup.
             unsafe { (*state).record.ts[event::I] = now };
@@ -492,7 +496,8 @@ fn on_rq_insert<M: Mem>(rq: u64) {
     if !is_traced(disk) {
         return;
     }
-    let Some(state) = slot_claim(&REQUESTS, limits::REQUEST_SLOTS, key) else {
+    // The slot is the stale one just found, or a free way (the lookup above missed).
+    let Some(state) = open.or_else(|| slot_claim_free(&REQUESTS, limits::REQUEST_SLOTS, key)) else {
         count_lost(lost::REQUEST_MAP_FULL);
         return;
     };
@@ -515,7 +520,8 @@ fn on_rq_issue<M: Mem>(rq: u64) {
     let now = unsafe { bpf_ktime_get_ns() };
     let l = layout();
     let key = M::key(rq);
-    if let Some(state) = slot_get(&REQUESTS, limits::REQUEST_SLOTS, key) {
+    let open = slot_get(&REQUESTS, limits::REQUEST_SLOTS, key);
+    if let Some(state) = open {
         if !missed_completion(state) {
             // SAFETY: map value pointer from a successful lookup.
             let state = unsafe { &mut *state };
@@ -533,7 +539,8 @@ fn on_rq_issue<M: Mem>(rq: u64) {
     if dev.is_none() && !is_traced(disk) {
         return;
     }
-    let Some(state) = slot_claim(&REQUESTS, limits::REQUEST_SLOTS, key) else {
+    // The slot is the stale one just found, or a free way (the lookup above missed).
+    let Some(state) = open.or_else(|| slot_claim_free(&REQUESTS, limits::REQUEST_SLOTS, key)) else {
         count_lost(lost::REQUEST_MAP_FULL);
         return;
     };

@@ -292,11 +292,14 @@ impl Aggregator {
         layers: &[LayerSplit],
         name: impl Fn(u32) -> String,
     ) {
-        if !self.names.contains_key(&dev) && self.names.len() >= self.limits.max_devices {
-            self.over_limit += 1;
-            return;
+        let known = self.names.len();
+        if let std::collections::hash_map::Entry::Vacant(slot) = self.names.entry(dev) {
+            if known >= self.limits.max_devices {
+                self.over_limit += 1;
+                return;
+            }
+            slot.insert(name(dev));
         }
-        self.names.entry(dev).or_insert_with(|| name(dev));
         for split in layers {
             self.names.entry(split.lower).or_insert_with(|| name(split.lower));
         }

@@ -73,8 +73,9 @@ pub async fn run(
                     None
                 };
                 session.refresh_devices()?;
-                let lost = session.lost()?;
+                // One bpf_prog_info read per program serves the run counters and the skips.
                 let programs = session.tracer.program_totals();
+                let lost = session.lost_with(&programs)?;
                 let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
                 st.agg.lost = Lost { series_limit: st.agg.over_limit, ..lost };
                 let topo = &session.topo;

@@ -14,7 +14,7 @@ use crate::{
     record,
     selection::{Resolved, Selection},
     topology::Topology,
-    tracer::{LoadOptions, Tracer},
+    tracer::{LoadOptions, ProgramTotals, Tracer},
 };
 
 /// One traced IO as handed to consumers.
@@ -106,10 +106,15 @@ impl Session {
 
     /// Every lost-event counter, kernel and daemon.
     pub fn lost(&self) -> Result<Lost> {
+        self.lost_with(&self.tracer.program_totals())
+    }
+
+    /// [`Session::lost`], with program counters the caller has just read.
+    pub fn lost_with(&self, programs: &ProgramTotals) -> Result<Lost> {
         Ok(Lost {
             kernel: self.tracer.kernel_lost()?,
             orphaned_lower: self.layers.orphaned,
-            recursion: self.tracer.program_totals().recursion_misses,
+            recursion: programs.recursion_misses,
             ..self.own_lost
         })
     }
