@@ -69,9 +69,9 @@ impl LoopDevice {
         f.set_len(size_mib << 20).expect("size backing file");
         let path =
             cmd_output(Command::new("losetup").args(["--find", "--show"]).args(losetup_flags).arg(&backing));
+        // LOOP_CONFIGURE scans partitions (with --partscan) before losetup returns, and nothing
+        // else here reads a new device: it is ready now.
         let name = path.trim_start_matches("/dev/").to_owned();
-        // Let udev-less systems settle the new device's partition scan.
-        std::thread::sleep(Duration::from_millis(200));
         LoopDevice { name, path, backing }
     }
 }
@@ -93,11 +93,12 @@ impl LoopDevice {
         assert!(child.wait().unwrap().success(), "sfdisk failed");
         let names: Vec<String> = (1..=parts).map(|i| format!("{}p{i}", dev.name)).collect();
         let present = || names.iter().all(|n| std::path::Path::new(&format!("/dev/{n}")).exists());
-        // Kernels built without partition-table parsers (this host's) need them added by BLKPG.
-        if !eventually(Duration::from_secs(1), present) {
+        // sfdisk's BLKRRPART has the kernel rescan before it returns; kernels built without
+        // partition-table parsers (this host's) need them added by BLKPG instead.
+        if !present() {
             let _ = Command::new("partx").args(["--add", &dev.path]).status();
         }
-        assert!(eventually(Duration::from_secs(5), present), "partitions {names:?} never appeared");
+        assert!(eventually(present), "partitions {names:?} never appeared (waited {HANG:?}: a hang)");
         (dev, names)
     }
 }
@@ -222,7 +223,7 @@ impl Tracerd {
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", tracerd_bin().display()));
         let mut t = Tracerd { child, stdout, stderr, addr: None };
         // The session's line, logged once every hook is attached and the devices are set.
-        t.wait_for_stderr("hooks; tracing", Duration::from_secs(30));
+        t.wait_for_stderr("hooks; tracing");
         t
     }
 
@@ -232,11 +233,8 @@ impl Tracerd {
         let mut args = vec!["run", "--listen", &addr];
         args.extend_from_slice(extra);
         let mut t = Tracerd::spawn(&args);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while http_get(&addr, "/healthz").map(|(s, _)| s) != Some(200) {
-            assert!(Instant::now() < deadline, "tracerd never answered /healthz:\n{}", t.stderr_text());
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let healthy = eventually(|| http_get(&addr, "/healthz").map(|(s, _)| s) == Some(200));
+        assert!(healthy, "tracerd never answered /healthz (waited {HANG:?}: a hang):\n{}", t.stderr_text());
         t.addr = Some(addr);
         t
     }
@@ -249,8 +247,8 @@ impl Tracerd {
         fs::read_to_string(&self.stdout).unwrap_or_default()
     }
 
-    fn wait_for_stderr(&mut self, needle: &str, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
+    fn wait_for_stderr(&mut self, needle: &str) {
+        let deadline = Instant::now() + HANG;
         loop {
             if self.stderr_text().contains(needle) {
                 return;
@@ -258,7 +256,11 @@ impl Tracerd {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("tracerd exited ({status}) before '{needle}':\n{}", self.stderr_text());
             }
-            assert!(Instant::now() < deadline, "tracerd never logged '{needle}':\n{}", self.stderr_text());
+            assert!(
+                Instant::now() < deadline,
+                "tracerd never logged '{needle}' (waited {HANG:?}: a hang):\n{}",
+                self.stderr_text()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -267,21 +269,26 @@ impl Tracerd {
         self.child.id() as i32
     }
 
-    /// Sends a signal and waits for the exit.
+    /// Sends a signal and waits for the exit. `report` and `snoop` drain the ring buffer before
+    /// they exit, so every IO that completed before the signal is in their output.
     pub fn stop(&mut self, signal: i32) -> ExitStatus {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.pid(), signal) };
-        self.wait(Duration::from_secs(20))
+        self.wait()
     }
 
-    /// Waits for the process to exit by itself.
-    pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
-        let deadline = Instant::now() + timeout;
+    /// Waits for the process to exit.
+    pub fn wait(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + HANG;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
             }
-            assert!(Instant::now() < deadline, "tracerd did not exit:\n{}", self.stderr_text());
+            assert!(
+                Instant::now() < deadline,
+                "tracerd did not exit (waited {HANG:?}: a hang):\n{}",
+                self.stderr_text()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -313,7 +320,7 @@ pub fn tracerd_output(args: &[&str]) -> (ExitStatus, String, String) {
 /// with chunked encoding, and the body ends with the connection.
 pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    s.set_read_timeout(Some(HANG)).ok()?;
     write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
     let mut resp = String::new();
     s.read_to_string(&mut resp).ok()?;
@@ -393,9 +400,14 @@ fn parse_labels(s: &str) -> BTreeMap<String, String> {
     }
 }
 
-/// Polls `f` until it returns true or `timeout` passes.
-pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
+/// How long a test waits for something that must happen before it calls it a hang. Only a
+/// hang may fail a test on time: no assertion depends on how fast the IO or tracerd runs, so
+/// this is far above what the slowest machine (a TCG guest on a loaded host) needs.
+pub const HANG: Duration = Duration::from_secs(300);
+
+/// Polls `f` until it returns true, or [`HANG`] passes (then false: the caller says what hung).
+pub fn eventually(mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + HANG;
     while Instant::now() < deadline {
         if f() {
             return true;

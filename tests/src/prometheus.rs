@@ -6,12 +6,11 @@ use std::{
     io::Write,
     path::PathBuf,
     process::{Child, Command, Stdio},
-    time::{Duration, Instant},
 };
 
 use serde_json::Value;
 
-use crate::{free_port, http_get, unique};
+use crate::{HANG, eventually, free_port, http_get, unique};
 
 pub struct Prometheus {
     child: Child,
@@ -54,11 +53,8 @@ impl Prometheus {
             .spawn()
             .expect("start prometheus");
         let p = Prometheus { child, dir, addr };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while http_get(&p.addr, "/-/ready").map(|(s, _)| s) != Some(200) {
-            assert!(Instant::now() < deadline, "prometheus never became ready:\n{}", p.log());
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let ready = eventually(|| http_get(&p.addr, "/-/ready").map(|(s, _)| s) == Some(200));
+        assert!(ready, "prometheus never became ready (waited {HANG:?}: a hang):\n{}", p.log());
         p
     }
 

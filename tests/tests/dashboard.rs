@@ -8,12 +8,11 @@ use std::{
     io::{Read, Write},
     net::TcpListener,
     path::Path,
-    time::Duration,
 };
 
 use serde_json::Value;
 use tracerd_tests::{
-    LoopDevice, Tracerd, Workload, eventually,
+    HANG, LoopDevice, Tracerd, Workload, eventually,
     prometheus::{Prometheus, require_prometheus},
     require_root,
 };
@@ -96,19 +95,19 @@ fn every_dashboard_expression_returns_data() {
     Workload { write: true, count: 500, size: 4096, qd: 2 }.run(&dev);
     let sel = format!(r#"tracerd_io_requests_total{{device="{}",op="read"}}"#, dev.name);
     assert!(
-        eventually(Duration::from_secs(30), || prom.value(&sel) == Some(2000.0)),
-        "Prometheus never saw the workload:\n{}",
+        eventually(|| prom.value(&sel) == Some(2000.0)),
+        "Prometheus never saw the workload (waited {HANG:?}):\n{}",
         prom.log()
     );
-    // rate() needs two samples of each series in its window: a few more scrapes.
-    std::thread::sleep(Duration::from_secs(4));
-    let mut empty = Vec::new();
-    for expr in &exprs {
-        let q = substitute(expr);
-        if prom.query(&q).is_empty() {
-            empty.push(q);
-        }
-    }
-    assert!(empty.is_empty(), "dashboard expressions with no data:\n{}", empty.join("\n"));
+    // rate() needs two samples of each series in its window: ask until every expression has
+    // data, however long the scrapes take to come.
+    let empty = || -> Vec<String> {
+        exprs.iter().map(|e| substitute(e)).filter(|q| prom.query(q).is_empty()).collect()
+    };
+    assert!(
+        eventually(|| empty().is_empty()),
+        "dashboard expressions with no data after {HANG:?}:\n{}",
+        empty().join("\n")
+    );
     eprintln!("{} dashboard expressions, each returned data:\n{}", exprs.len(), exprs.join("\n"));
 }

@@ -1,11 +1,12 @@
 //! Faults a host agent meets over months: devices that come and go, overload, SIGKILL and
 //! restart. Real kernel, real loop devices, known IO.
 
-use std::{collections::BTreeSet, time::Duration};
+use std::collections::BTreeSet;
 
 use tracer_common::{IoRecord, RequestState, Slot, event, kind};
 use tracerd_tests::{
-    LoopDevice, Metrics, Tracerd, Workload, eventually, free_port, http_get, remove_loop_device, require_root,
+    HANG, LoopDevice, Metrics, Tracerd, Workload, eventually, free_port, http_get, remove_loop_device,
+    require_root,
 };
 
 /// IDs of loaded programs and maps whose names are tracerd's.
@@ -36,8 +37,8 @@ fn sigkill_leaves_nothing_loaded_or_pinned_and_a_restart_works() {
     assert!(!status.success(), "killed");
     // The kernel frees programs, links and maps once the last fd closes, with the process.
     assert!(
-        eventually(Duration::from_secs(10), || tracerd_objects().intersection(&ours).next().is_none()),
-        "still loaded after SIGKILL: {:?}",
+        eventually(|| tracerd_objects().intersection(&ours).next().is_none()),
+        "still loaded {HANG:?} after SIGKILL: {:?}",
         tracerd_objects().intersection(&ours).collect::<Vec<_>>()
     );
     if let Ok(entries) = std::fs::read_dir("/sys/fs/bpf") {
@@ -47,14 +48,15 @@ fn sigkill_leaves_nothing_loaded_or_pinned_and_a_restart_works() {
     // Restart on the same address: nothing of the killed one stands in the way.
     let agent = Tracerd::spawn(&["run", "--listen", &addr, "--device", &dev.name]);
     assert!(
-        eventually(Duration::from_secs(10), || http_get(&addr, "/healthz").is_some_and(|(s, _)| s == 200))
+        eventually(|| http_get(&addr, "/healthz").is_some_and(|(s, _)| s == 200)),
+        "the restarted agent never answered /healthz (waited {HANG:?})"
     );
     Workload { write: false, count: 200, size: 4096, qd: 4 }.run(&dev);
     let requests = || {
         let (_, body) = http_get(&addr, "/metrics").unwrap();
         Metrics::parse(&body).get("tracerd_io_requests_total", &[("device", &dev.name), ("op", "read")])
     };
-    assert!(eventually(Duration::from_secs(10), || requests() == 200.0), "after restart: {}", requests());
+    assert!(eventually(|| requests() == 200.0), "after restart, {HANG:?} on: {}", requests());
     drop(agent);
 }
 
@@ -62,21 +64,26 @@ fn sigkill_leaves_nothing_loaded_or_pinned_and_a_restart_works() {
 fn a_tiny_ring_buffer_loses_visibly_and_traced_plus_lost_is_issued() {
     require_root();
     let dev = LoopDevice::new(256);
-    // 4 KiB holds 26 records: at queue depth 32 the kernel outruns the reader.
+    // 4 KiB holds 26 records. The reader is stopped while the IO runs, so the ring buffer fills
+    // however fast or slow the machine is, and the rest must be counted as lost.
     let agent = Tracerd::run(&["--device", &dev.name, "--ring-buffer-bytes", "4096"]);
     let issued = 20_000;
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(agent.pid(), libc::SIGSTOP) };
     Workload { write: false, count: issued, size: 4096, qd: 32 }.run(&dev);
+    // SAFETY: as above.
+    unsafe { libc::kill(agent.pid(), libc::SIGCONT) };
     let counts = || {
         let m = agent.metrics();
         let traced = m.get("tracerd_io_requests_total", &[("device", &dev.name), ("op", "read")]) as u64;
         (traced, m.get("tracerd_events_lost_total", &[("reason", "ringbuf_full")]) as u64, m)
     };
-    let settled = eventually(Duration::from_secs(15), || {
+    let settled = eventually(|| {
         let (t, l, _) = counts();
         t + l == issued
     });
     let (traced, lost, m) = counts();
-    assert!(settled, "traced {traced} + ringbuf_full {lost} != issued {issued}");
+    assert!(settled, "traced {traced} + ringbuf_full {lost} != issued {issued} (waited {HANG:?})");
     assert!(lost > 0, "a 4 KiB ring buffer at queue depth 32 lost nothing: the test proves nothing");
     let other: f64 = m.sum("tracerd_events_lost_total", &[]) - lost as f64;
     assert_eq!(other, 0.0, "only ringbuf_full: {:?}", m.samples);
@@ -104,14 +111,29 @@ fn devices_come_and_go_without_a_restart_and_vanished_series_expire() {
 
     let a = LoopDevice::new(64);
     let (b, parts) = LoopDevice::partitioned(64, 2, 16);
-    // New devices are picked up within a rescan (1 s). Writing and reading the partition table
-    // is IO of b's too: count from a baseline taken once that has settled.
-    std::thread::sleep(Duration::from_millis(2500));
+    // New devices are picked up at a rescan (a loop device that already existed unbound is
+    // traced from the start): wait until the agent traces every block device sysfs has now.
+    let in_sysfs = tracerd::topology::Topology::scan().unwrap().devices().count() as u64;
+    let traced = || agent.metrics().get("tracerd_traced_devices", &[]) as u64;
+    assert!(
+        eventually(|| traced() == in_sysfs),
+        "the agent never traced all {in_sysfs} block devices (waited {HANG:?}): {} traced",
+        traced()
+    );
+    // Writing and reading b's partition table is IO of b's too, perhaps traced, perhaps still
+    // in the ring buffer. Records leave it in order: once a later IO (one write to a) is
+    // counted, the partition-table IO is counted too, and the baseline holds still.
+    Workload { write: true, count: 1, size: 4096, qd: 1 }.run(&a);
+    assert!(
+        eventually(|| count(&agent.metrics(), &a.name, "write") == 1),
+        "the write to {} was never counted (waited {HANG:?})",
+        a.name
+    );
     let base = agent.metrics();
     Workload { write: false, count: 150, size: 4096, qd: 2 }.run(&a);
     Workload { write: true, count: 80, size: 4096, qd: 2 }.run_on(&format!("/dev/{}", parts[1]));
     assert!(
-        eventually(Duration::from_secs(10), || {
+        eventually(|| {
             let m = agent.metrics();
             count(&m, &a.name, "read") - count(&base, &a.name, "read") == 150
                 && count(&m, &b.name, "write") - count(&base, &b.name, "write") == 80
@@ -131,11 +153,11 @@ fn devices_come_and_go_without_a_restart_and_vanished_series_expire() {
     remove_loop_device(&b_name);
     // Gone from sysfs, their series leave /metrics after series.expire_after_s (2 s).
     assert!(
-        eventually(Duration::from_secs(15), || {
+        eventually(|| {
             let m = agent.metrics();
             requests(&m, &a_name) == 0 && requests(&m, &b_name) == 0
         }),
-        "vanished devices' series never expired"
+        "vanished devices' series never expired (waited {HANG:?})"
     );
     let m = agent.metrics();
     assert!(
@@ -202,8 +224,8 @@ fn missed_completions_are_evicted_and_counted() {
     remove_loop_device(&goes_name);
     let lost = |reason: &str| agent.metrics().get("tracerd_events_lost_total", &[("reason", reason)]);
     assert!(
-        eventually(Duration::from_secs(10), || lost("device_gone") == 1.0 && lost("stale_request") == 1.0),
-        "device_gone {} stale_request {}",
+        eventually(|| lost("device_gone") == 1.0 && lost("stale_request") == 1.0),
+        "device_gone {} stale_request {} (waited {HANG:?})",
         lost("device_gone"),
         lost("stale_request")
     );

@@ -1,10 +1,8 @@
 //! tracerd behind a real Prometheus (Debian's package): the series a known workload must
 //! produce, read back through Prometheus's HTTP API, and `promtool check metrics`.
 
-use std::time::Duration;
-
 use tracerd_tests::{
-    LoopDevice, Tracerd, Workload, eventually,
+    HANG, LoopDevice, Tracerd, Workload, eventually,
     prometheus::{Prometheus, promtool_check_metrics, require_prometheus},
     require_root,
 };
@@ -25,12 +23,12 @@ fn prometheus_scrapes_every_io_and_promtool_accepts_the_exposition() {
 
     let d = &dev.name;
     let sel = |op: &str| format!(r#"{{job="tracerd",device="{d}",op="{op}"}}"#);
-    let scraped = eventually(Duration::from_secs(30), || {
+    let scraped = eventually(|| {
         [(READS.op(), READS.count), (WRITES.op(), WRITES.count)]
             .iter()
             .all(|(op, n)| prom.value(&format!("tracerd_io_requests_total{}", sel(op))) == Some(*n as f64))
     });
-    assert!(scraped, "Prometheus never saw the issued requests:\n{}", prom.log());
+    assert!(scraped, "Prometheus never saw the issued requests (waited {HANG:?}):\n{}", prom.log());
     assert_eq!(prom.value(r#"up{job="tracerd"}"#), Some(1.0));
     for w in [READS, WRITES] {
         let s = sel(w.op());

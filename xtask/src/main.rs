@@ -4,12 +4,14 @@
 //! - `build-ebpf`  build the kernel object (nightly, bpfel-unknown-none, bpf-linker)
 //! - `build`       setup + kernel object + tracerd (release)
 //! - `run`         build, then `tracerd run` (extra arguments go to tracerd)
-//! - `test`        build, then unit tests and the real-kernel integration tests
+//! - `test`        build, then unit tests and the real-kernel integration tests (`--stress`: with
+//!   every core kept busy)
 //! - `vm-test`     build static binaries, boot a Debian 6.1 kernel under qemu with md/dm/brd/null_blk
 
 mod bench;
 mod cpio;
 mod setup;
+mod stress;
 mod vm;
 mod vm_scenarios;
 
@@ -50,6 +52,10 @@ enum Cmd {
         /// Only the unit tests (no root, no kernel).
         #[arg(long)]
         unit_only: bool,
+        /// Keep every core busy (stress-ng) while the tests run: proves that no test depends
+        /// on how fast the machine is.
+        #[arg(long, conflicts_with = "unit_only")]
+        stress: bool,
     },
     /// Measure tracing overhead against no tracer, biolatency and bpftrace (root).
     Bench {
@@ -100,7 +106,7 @@ fn real_main() -> Result<()> {
             }
             run(Command::new(tracerd_bin()).args(&args), "tracerd")
         }
-        Cmd::Test { unit_only } => test(unit_only),
+        Cmd::Test { unit_only, stress } => test(unit_only, stress),
         Cmd::Bench { seconds, rounds, soak_seconds, soak_only } => {
             bench::bench(bench::Options { seconds, rounds, soak_seconds, soak_only })
         }
@@ -203,8 +209,9 @@ impl Tally {
     }
 }
 
-fn test(unit_only: bool) -> Result<()> {
+fn test(unit_only: bool, stress: bool) -> Result<()> {
     build(!unit_only)?;
+    let load = if stress { Some(stress::CpuLoad::start()?) } else { None };
     let mut tally = Tally::default();
     run(cargo(None).args(["fmt", "--all", "--check"]), "cargo fmt --check")?;
     run(
@@ -218,6 +225,9 @@ fn test(unit_only: bool) -> Result<()> {
     if !unit_only {
         integration_tests(&mut tally)?;
         vm_tests(&mut tally, true)?;
+    }
+    if let Some(load) = load {
+        load.stop()?;
     }
     println!("{} passed, {} failed", tally.passed, tally.failed);
     Ok(())

@@ -5,7 +5,8 @@
 use crate::vm::scenario;
 
 /// Shell helpers for scenarios: start a tracer in the background and wait until it is
-/// attached, stop it with SIGINT, print its output as a result section.
+/// attached, stop it with SIGINT once the workload is done (report and snoop drain every record
+/// before they exit, so no scenario waits a guessed time), print its output as a result section.
 const HELPERS: &str = r#"
 # Kernel messages would interleave with results on the console.
 echo 1 > /proc/sys/kernel/printk
@@ -21,6 +22,10 @@ trace_stop() {
     wait $p
     echo "tracer $1 exit status: $?"
 }
+# vm_idle DEV: waits until DEV has no request in flight. Request-based dm ends a request (its C)
+# from a soft interrupt after the data reached the submitter, so iogen can exit first.
+vm_idle() { vm_until "$1 never went idle" vm_no_inflight "$1"; }
+vm_no_inflight() { read r w < /sys/block/$1/inflight && [ "$r$w" = 00 ]; }
 emit() {
     echo "VM-RESULT-BEGIN $1"
     cat /tmp/$1.out
@@ -40,9 +45,14 @@ trace_start dm_report_text report --duration 600 --device dm-0
 trace_start dm_agent run --listen 127.0.0.1:9560 --device dm-0
 /bin/iogen /dev/dm-0 read 300 4096 1
 /bin/iogen /dev/dm-0 write 200 4096 4
-sleep 2
-# The agent's exposition, for the dashboard test on the host (stacked-device series).
-wget -q -O /tmp/dm_metrics.out http://127.0.0.1:9560/metrics 2> /tmp/dm_metrics.err
+# The agent's exposition, for the dashboard test on the host (stacked-device series), once it
+# has counted every IO.
+dm_agent_counted() {
+    wget -q -O /tmp/dm_metrics.out http://127.0.0.1:9560/metrics 2> /tmp/dm_metrics.err &&
+        grep -q '^tracerd_io_requests_total{device="dm-0",op="read"} 300$' /tmp/dm_metrics.out &&
+        grep -q '^tracerd_io_requests_total{device="dm-0",op="write"} 200$' /tmp/dm_metrics.out
+}
+vm_until "the dm-0 agent never counted 300 reads and 200 writes" dm_agent_counted
 for t in dm_snoop dm_report_json dm_report_text dm_agent; do trace_stop $t; done
 for t in dm_snoop dm_report_json dm_report_text dm_metrics; do emit $t; done"#,
     )
@@ -56,13 +66,13 @@ fn md_raid1() -> String {
 # and with safe mode off the array stays dirty (no further superblock writes).
 echo 0 > /sys/block/md0/md/safe_mode_delay
 /bin/iogen /dev/md0 write 1 4096 1 > /dev/null
-sleep 1
+# md_write_start waits for the superblock update, so this is at once; it only catches a change.
+vm_until "md0 never left the clean state" grep -q '^active' /sys/block/md0/md/array_state
 trace_start md_snoop snoop --json --device md0
 trace_start md_report_json report --json --duration 600 --device md0
 trace_start md_report_text report --duration 600 --device md0
 /bin/iogen /dev/md0 write 200 4096 1
 /bin/iogen /dev/md0 read 100 4096 2
-sleep 1
 for t in md_snoop md_report_json md_report_text; do trace_stop $t; done
 for t in md_snoop md_report_json md_report_text; do emit $t; done"#,
     )
@@ -77,12 +87,10 @@ fn null_blk() -> String {
         r#"trace_start nullb_qd_report_json report --json --by qd --duration 600 --device nullb0 --device nullb1 --device nullb2 --device nullb3 --device nullb4 --device nullb5
 i=0
 for qd in 1 2 4 8 16 32; do /bin/iogen /dev/nullb$i read 96 4096 $qd batch; i=$((i + 1)); done
-sleep 1
 trace_stop nullb_qd_report_json
 emit nullb_qd_report_json
 trace_start nullb_snoop snoop --json --device nullb0
 /bin/iogen /dev/nullb0 read 300 4096 16
-sleep 1
 trace_stop nullb_snoop
 emit nullb_snoop"#,
     )
@@ -98,13 +106,13 @@ fn dm_multipath() -> String {
 trace_start mp_report_json report --json --duration 600 --device dm-1
 /bin/iogen /dev/dm-1 read 100 4096 1
 /bin/iogen /dev/dm-1 write 50 4096 1
-sleep 1
+vm_idle dm-1
 for t in mp_snoop mp_report_json; do trace_stop $t; done
 for t in mp_snoop mp_report_json; do emit $t; done
 trace_start mp8_snoop snoop --json --device dm-1
 trace_start mp8_report_json report --json --duration 600 --device dm-1
 /bin/iogen /dev/dm-1 read 400 4096 8
-sleep 1
+vm_idle dm-1
 for t in mp8_snoop mp8_report_json; do trace_stop $t; done
 for t in mp8_snoop mp8_report_json; do emit $t; done"#,
     )
