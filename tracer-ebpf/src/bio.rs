@@ -1,0 +1,138 @@
+//! The bio path: Q (block_bio_queue), G (block_getrq), X (block_split), M/F (merges), and C
+//! of bios that never became a request (bio-based devices: md, dm, brd).
+
+use aya_ebpf::helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns};
+use tracer_common::{IoRecord, event, flag, kind, limits, lost};
+
+use crate::{
+    kernel::{Mem, bio_dev, current_comm},
+    maps::{BIOS, EVENTS, LINKS, commit_flags, count_lost, is_traced, layout, stacking},
+    slots::{copy_words, slot_claim, slot_free, slot_get, zero_words},
+};
+
+pub(crate) fn on_bio_queue<M: Mem>(bio: u64) {
+    let key = M::key(bio);
+    let l = layout();
+    let dev = bio_dev::<M>(l, bio);
+    if !is_traced(dev) {
+        return;
+    }
+    let Some(state) = slot_claim(&BIOS, limits::BIO_SLOTS, key) else {
+        count_lost(lost::BIO_MAP_FULL);
+        return;
+    };
+    // SAFETY: our slot's value; every field is written.
+    let state = unsafe { &mut *state };
+    state.queued_ns = unsafe { bpf_ktime_get_ns() };
+    state.getrq_ns = 0;
+    state.sector = M::read(bio, l.bio_bi_sector);
+    state.submit_ns = 0;
+    state.personality_ns = 0;
+    state.dev = dev;
+    state.pid = bpf_get_current_pid_tgid() as u32;
+    state.opf = M::read(bio, l.bio_bi_opf);
+    state.bytes = M::read(bio, l.bio_bi_size);
+    state.flags = 0;
+    state.comm = current_comm(l);
+    state.parent = 0;
+    if stacking() {
+        // SAFETY: copy out of a map value.
+        if let Some(parent) = unsafe { LINKS.get(&key) }.copied() {
+            state.parent = parent;
+            let _ = LINKS.remove(&key);
+        }
+    }
+}
+
+pub(crate) fn on_getrq<M: Mem>(bio: u64) {
+    if let Some(state) = slot_get(&BIOS, limits::BIO_SLOTS, M::key(bio)) {
+        // SAFETY: map value pointer from a successful lookup.
+        unsafe { (*state).getrq_ns = bpf_ktime_get_ns() };
+    }
+}
+
+pub(crate) fn on_split<M: Mem>(bio: u64) {
+    // The split-off front part is chained to its parent: `bi_private` points at the parent bio.
+    let l = layout();
+    let Some(parent) = slot_get(&BIOS, limits::BIO_SLOTS, M::key(M::read(bio, l.bio_bi_private))) else {
+        return;
+    };
+    let Some(state) = slot_claim(&BIOS, limits::BIO_SLOTS, M::key(bio)) else {
+        count_lost(lost::BIO_MAP_FULL);
+        return;
+    };
+    // SAFETY: two slot values (distinct keys, so distinct slots).
+    unsafe {
+        copy_words(state, parent);
+        (*state).flags |= flag::SPLIT;
+    }
+}
+
+pub(crate) fn on_bio_merge<M: Mem>(bio: u64) {
+    let Some(state) = slot_get(&BIOS, limits::BIO_SLOTS, M::key(bio)) else {
+        return;
+    };
+    let Some(mut entry) = EVENTS.reserve::<IoRecord>(0) else {
+        slot_free(state);
+        count_lost(lost::RINGBUF_FULL);
+        return;
+    };
+    let l = layout();
+    // SAFETY: the reserved entry is ours until submit; `state` is our slot until freed.
+    unsafe {
+        let rec = entry.as_mut_ptr();
+        zero_words(rec);
+        let (rec, state) = (&mut *rec, &*state);
+        rec.kind = kind::MERGE;
+        rec.flags = state.flags;
+        rec.dev = state.dev;
+        rec.cmd_flags = M::read(bio, l.bio_bi_opf);
+        rec.bytes = M::read(bio, l.bio_bi_size);
+        rec.sector = M::read(bio, l.bio_bi_sector);
+        rec.pid = state.pid;
+        rec.comm = state.comm;
+        rec.ts[event::Q] = state.queued_ns;
+        rec.ts[event::M] = bpf_ktime_get_ns();
+    }
+    slot_free(state);
+    entry.submit(commit_flags());
+}
+
+/// A bio is done. Bios that became requests left `BIOS` at I/D; what is left here is IO of a
+/// bio-based device (md, dm, brd) or a bio that never became a request.
+pub(crate) fn on_bio_complete<M: Mem>(bio: u64) {
+    let key = M::key(bio);
+    let Some(state) = slot_get(&BIOS, limits::BIO_SLOTS, key) else {
+        return;
+    };
+    let Some(mut entry) = EVENTS.reserve::<IoRecord>(0) else {
+        slot_free(state);
+        count_lost(lost::RINGBUF_FULL);
+        return;
+    };
+    let l = layout();
+    let status: u8 = M::read(bio, l.bio_bi_status);
+    // SAFETY: the reserved entry is ours until submit; `state` is our slot until freed.
+    unsafe {
+        let rec = entry.as_mut_ptr();
+        zero_words(rec);
+        let (rec, b) = (&mut *rec, &*state);
+        rec.kind = kind::BIO;
+        rec.flags = b.flags;
+        rec.dev = b.dev;
+        rec.cmd_flags = b.opf;
+        rec.bytes = b.bytes;
+        rec.sector = b.sector;
+        rec.pid = b.pid;
+        rec.comm = b.comm;
+        rec.error = status as u32;
+        rec.id = key;
+        rec.parent = b.parent;
+        rec.submit_ns = b.submit_ns;
+        rec.personality_ns = b.personality_ns;
+        rec.ts[event::Q] = b.queued_ns;
+        rec.ts[event::C] = bpf_ktime_get_ns();
+    }
+    slot_free(state);
+    entry.submit(commit_flags());
+}

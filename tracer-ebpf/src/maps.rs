@@ -1,0 +1,104 @@
+//! The maps and read-only globals the programs share, with the small accessors every hook
+//! uses: the loader's layout and settings, ring-buffer commit flags, lost-event counters, and
+//! the device filter.
+
+use core::ptr::read_volatile;
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
+};
+use tracer_common::{
+    BioState, DeviceState, KernelLayout, RequestState, Settings, Slot, SubmitState, limits, lost,
+};
+
+/// Struct offsets of the running kernel, written by the loader (read-only data).
+#[unsafe(no_mangle)]
+pub(crate) static LAYOUT: KernelLayout = KernelLayout::ZERO;
+
+/// Bios between Q and their request (or merge, or completion). Key: `struct bio *`.
+#[map]
+pub(crate) static BIOS: Array<Slot<BioState>> = Array::with_max_entries(limits::BIO_SLOTS, 0);
+
+/// Requests between first I/D and full completion. Key: `struct request *`.
+#[map]
+pub(crate) static REQUESTS: Array<Slot<RequestState>> = Array::with_max_entries(limits::REQUEST_SLOTS, 0);
+
+/// Traced disks and partitions, with each disk's in-flight count. Key: kernel `dev_t`.
+#[map]
+pub(crate) static DEVICES: HashMap<u32, DeviceState> = HashMap::with_max_entries(limits::MAX_DEVICES, 0);
+
+/// One `IoRecord` per completed request or merged bio.
+#[map]
+pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(limits::RINGBUF_BYTES, 0);
+
+/// Start-up choices (read-only data).
+#[unsafe(no_mangle)]
+pub(crate) static SETTINGS: Settings = Settings { stacking: 0, wakeup_records: 0, all_devices: 0, _pad: 0 };
+
+/// Lower bios remapped by a stacked device, until their Q. Key: lower `struct bio *`;
+/// value: the upper `struct bio *`.
+#[map]
+pub(crate) static LINKS: HashMap<u64, u64> = HashMap::with_max_entries(limits::MAX_LINKS, 0);
+
+/// Tasks inside a stacked device's submit function. Key: thread id.
+#[map]
+pub(crate) static SUBMITTING: HashMap<u32, SubmitState> =
+    HashMap::with_max_entries(limits::MAX_SUBMITTERS, 0);
+
+/// Records committed on this CPU since it last woke the reader.
+#[map]
+pub(crate) static SINCE_WAKEUP: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
+/// Lost events per reason (`tracer_common::lost`), per CPU.
+#[map]
+pub(crate) static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(lost::KERNEL_COUNT, 0);
+
+/// The layout the loader wrote. The pointer goes through a volatile read so the compiler
+/// neither folds the fields to the compiled-in zeros nor copies the whole struct per use.
+#[inline(always)]
+pub(crate) fn layout() -> &'static KernelLayout {
+    let layout = &raw const LAYOUT;
+    // SAFETY: a pointer to our own global, read back from the stack.
+    unsafe { &*read_volatile(&layout) }
+}
+
+#[inline(always)]
+pub(crate) fn stacking() -> bool {
+    // SAFETY: a plain read of our own global; volatile so the loader's value is used.
+    unsafe { read_volatile(&SETTINGS) }.stacking != 0
+}
+
+/// Commit flags: no wakeup, but for every `wakeup_records`-th record of a CPU. Asking the ring
+/// buffer how much data waits (BPF_RB_AVAIL_DATA) reads the reader's position, a cache line
+/// the reader's CPU writes: about 80 ns per record. A per-CPU count costs nothing shared.
+#[inline(always)]
+pub(crate) fn commit_flags() -> u64 {
+    const BPF_RB_NO_WAKEUP: u64 = 1;
+    const BPF_RB_FORCE_WAKEUP: u64 = 2;
+    // SAFETY: a plain read of our own global.
+    let threshold = unsafe { read_volatile(&SETTINGS) }.wakeup_records;
+    let Some(since) = SINCE_WAKEUP.get_ptr_mut(0) else { return BPF_RB_NO_WAKEUP };
+    // SAFETY: per-CPU slot, no concurrent writer.
+    unsafe {
+        *since += 1;
+        if *since < threshold {
+            return BPF_RB_NO_WAKEUP;
+        }
+        *since = 0;
+    }
+    BPF_RB_FORCE_WAKEUP
+}
+
+#[inline(always)]
+pub(crate) fn count_lost(reason: u32) {
+    if let Some(counter) = LOST.get_ptr_mut(reason) {
+        // SAFETY: per-CPU slot, no concurrent writer.
+        unsafe { *counter += 1 };
+    }
+}
+
+pub(crate) fn is_traced(dev: u32) -> bool {
+    // SAFETY: a plain read of our own global; then a read-only presence check.
+    unsafe { read_volatile(&SETTINGS).all_devices != 0 || DEVICES.get(&dev).is_some() }
+}

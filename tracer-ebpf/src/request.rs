@@ -1,0 +1,253 @@
+//! The request path: I (block_rq_insert), D (block_rq_issue), R (block_rq_requeue) and C
+//! (block_rq_complete), with the per-disk in-flight count that gives the queue depth at issue.
+
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
+
+use aya_ebpf::helpers::bpf_ktime_get_ns;
+use tracer_common::{DeviceState, IoRecord, KernelLayout, RequestState, event, flag, kind, limits, lost};
+
+use crate::{
+    kernel::{Mem, rq_disk, scalar},
+    maps::{BIOS, DEVICES, EVENTS, LINKS, REQUESTS, commit_flags, count_lost, is_traced, layout, stacking},
+    slots::{copy_words, slot_claim_free, slot_free, slot_get, zero_words},
+};
+
+/// Front merges followed from a request's first bio back to the bio that allocated it.
+const FRONT_MERGES_FOLLOWED: u32 = 4;
+
+/// A request's record on first sight (I, D, or C for one never issued itself), taking its
+/// first bio's Q and G. `rec` (a slot value or a reserved ring-buffer entry) is filled in place:
+/// the BPF stack is small. `id` is the request's key.
+pub(crate) fn init_request_record<M: Mem>(l: &KernelLayout, rq: u64, id: u64, disk: u32, rec: *mut IoRecord) {
+    // SAFETY: `rec` is ours to fill.
+    unsafe { zero_words(rec) };
+    // SAFETY: as above.
+    let rec = unsafe { &mut *rec };
+    rec.kind = kind::REQUEST;
+    rec.disk = disk;
+    rec.id = id;
+    // The first bio holds Q and G; a front merge puts the merged bio before it, so walk on.
+    let mut bio: u64 = M::read(rq, l.rq_bio);
+    for _ in 0..FRONT_MERGES_FOLLOWED {
+        if bio == 0 {
+            break;
+        }
+        if let Some(state) = slot_get(&BIOS, limits::BIO_SLOTS, M::key(bio)) {
+            // SAFETY: our slot's value until freed below.
+            let b = unsafe { &*state };
+            rec.ts[event::Q] = b.queued_ns;
+            rec.ts[event::G] = b.getrq_ns;
+            rec.dev = b.dev;
+            rec.pid = b.pid;
+            rec.comm = b.comm;
+            rec.flags = b.flags;
+            rec.parent = b.parent;
+            slot_free(state);
+            break;
+        }
+        bio = M::read(bio, l.bio_bi_next);
+    }
+    if stacking() {
+        // A clone request of request-based dm (multipath): linked at its remap. The key is a
+        // stack copy: older kernels refuse ring-buffer memory as a map key.
+        let key = id;
+        // SAFETY: copy out of a map value.
+        if let Some(parent) = unsafe { LINKS.get(&key) }.copied() {
+            rec.parent = parent;
+            let _ = LINKS.remove(&key);
+        }
+    }
+}
+
+/// Adds `delta` to a disk's in-flight count and returns the new count.
+pub(crate) fn add_in_flight_at(dev: *mut DeviceState, delta: i32) -> u32 {
+    // SAFETY: map value pointer; CPUs issue concurrently, hence the atomic add. SeqCst, because
+    // LLVM 22's BPF backend lowers a Relaxed add to a non-fetching add and the old value is lost.
+    let old = unsafe {
+        atomic_xadd::<u32, u32, { AtomicOrdering::SeqCst }>(&raw mut (*dev).in_flight, delta as u32)
+    };
+    old.wrapping_add(delta as u32)
+}
+
+/// Adds `delta` to the disk's in-flight count and returns the new count (0 if untraced).
+pub(crate) fn add_in_flight(disk: u32, delta: i32) -> u32 {
+    match DEVICES.get_ptr_mut(&disk) {
+        Some(dev) => add_in_flight_at(dev, delta),
+        None => 0,
+    }
+}
+
+/// A request seen again at I or D with its last issue still open (no completion, no requeue):
+/// that completion was missed. Counts it and releases its share of the queue depth; the
+/// caller then starts the request afresh. False for a request in its normal course.
+pub(crate) fn missed_completion(state: *mut RequestState) -> bool {
+    // SAFETY: map value pointer from a successful lookup.
+    let state = unsafe { &mut *state };
+    if state.issued == 0 {
+        return false;
+    }
+    add_in_flight(state.record.disk, -1);
+    state.issued = 0;
+    count_lost(lost::MISSED_COMPLETION);
+    true
+}
+
+pub(crate) fn on_rq_insert<M: Mem>(rq: u64) {
+    let now = unsafe { bpf_ktime_get_ns() };
+    let key = M::key(rq);
+    let open = slot_get(&REQUESTS, limits::REQUEST_SLOTS, key);
+    if let Some(state) = open {
+        if !missed_completion(state) {
+            // SAFETY: map value pointer from a successful lookup.
+            unsafe { (*state).record.ts[event::I] = now };
+            return;
+        }
+    }
+    let l = layout();
+    let disk = rq_disk::<M>(l, rq);
+    if !is_traced(disk) {
+        return;
+    }
+    // The slot is the stale one just found, or a free way (the lookup above missed).
+    let Some(state) = open.or_else(|| slot_claim_free(&REQUESTS, limits::REQUEST_SLOTS, key)) else {
+        count_lost(lost::REQUEST_MAP_FULL);
+        return;
+    };
+    // SAFETY: our slot's value.
+    unsafe {
+        (*state).issued = 0;
+        init_request_record::<M>(l, rq, key, disk, &raw mut (*state).record);
+        (*state).record.ts[event::I] = now;
+    }
+}
+
+/// The request goes to the driver: the size, position and op it is issued with.
+pub(crate) fn fill_issue<M: Mem>(l: &KernelLayout, rq: u64, rec: &mut IoRecord) {
+    rec.cmd_flags = M::read(rq, l.rq_cmd_flags);
+    rec.bytes = M::read(rq, l.rq_data_len);
+    rec.sector = M::read(rq, l.rq_sector);
+}
+
+pub(crate) fn on_rq_issue<M: Mem>(rq: u64) {
+    let now = unsafe { bpf_ktime_get_ns() };
+    let l = layout();
+    let key = M::key(rq);
+    let open = slot_get(&REQUESTS, limits::REQUEST_SLOTS, key);
+    if let Some(state) = open {
+        if !missed_completion(state) {
+            // SAFETY: map value pointer from a successful lookup.
+            let state = unsafe { &mut *state };
+            state.record.ts[event::D] = now;
+            fill_issue::<M>(l, rq, &mut state.record);
+            state.record.queue_depth = add_in_flight(state.record.disk, 1);
+            state.issued = 1;
+            return;
+        }
+    }
+    // First sight at D (direct dispatch): one device lookup serves the filter and the depth.
+    let disk = rq_disk::<M>(l, rq);
+    // (Tracing every device, a disk the daemon has not registered yet is traced without depth.)
+    let dev = DEVICES.get_ptr_mut(&disk);
+    if dev.is_none() && !is_traced(disk) {
+        return;
+    }
+    // The slot is the stale one just found, or a free way (the lookup above missed).
+    let Some(state) = open.or_else(|| slot_claim_free(&REQUESTS, limits::REQUEST_SLOTS, key)) else {
+        count_lost(lost::REQUEST_MAP_FULL);
+        return;
+    };
+    // SAFETY: our slot's value.
+    let state = unsafe { &mut *state };
+    init_request_record::<M>(l, rq, key, disk, &raw mut state.record);
+    state.record.ts[event::D] = now;
+    fill_issue::<M>(l, rq, &mut state.record);
+    state.issued = 0;
+    if let Some(dev) = dev {
+        state.record.queue_depth = add_in_flight_at(dev, 1);
+        state.issued = 1;
+    }
+}
+
+pub(crate) fn on_rq_requeue(rq: u64) {
+    let Some(state) = slot_get(&REQUESTS, limits::REQUEST_SLOTS, scalar(rq)) else {
+        return;
+    };
+    // SAFETY: map value pointer from a successful lookup.
+    let state = unsafe { &mut *state };
+    if state.issued != 0 {
+        add_in_flight(state.record.disk, -1);
+        state.issued = 0;
+    }
+    state.record.ts[event::D] = 0;
+    state.record.flags |= flag::REQUEUED;
+}
+
+pub(crate) fn on_rq_complete<M: Mem>(rq: u64, error: u32, nr_bytes: u32) {
+    let l = layout();
+    // A partial completion leaves bytes behind: the request is done when none remain.
+    let remaining: u32 = M::read(rq, l.rq_data_len);
+    if nr_bytes < remaining {
+        return;
+    }
+    let key = M::key(rq);
+    let Some(state) = slot_get(&REQUESTS, limits::REQUEST_SLOTS, key) else {
+        // Request-based dm ends an original request whose bytes its clone already completed
+        // with a zero-byte completion and no bio left: nothing of it is open here.
+        let bio: u64 = M::read(rq, l.rq_bio);
+        if nr_bytes == 0 && bio == 0 {
+            return;
+        }
+        on_rq_complete_unissued::<M>(l, rq, key, error);
+        return;
+    };
+    // SAFETY: our slot's value until freed below.
+    let s = unsafe { &*state };
+    if s.record.flags & flag::CLONED != 0 && error == 0 && nr_bytes != 0 {
+        // The clone's data completed this request's bytes; dm ends it later (zero bytes).
+        return;
+    }
+    if s.issued != 0 {
+        add_in_flight(s.record.disk, -1);
+    }
+    match EVENTS.reserve::<IoRecord>(0) {
+        Some(mut entry) => {
+            // Copied straight into the ring buffer: no second copy on the small BPF stack.
+            let rec = entry.as_mut_ptr();
+            // SAFETY: the reserved entry is ours until submit.
+            unsafe {
+                copy_words(rec, &raw const s.record);
+                (*rec).ts[event::C] = bpf_ktime_get_ns();
+                (*rec).error = error;
+            }
+            entry.submit(commit_flags());
+        }
+        None => count_lost(lost::RINGBUF_FULL),
+    }
+    slot_free(state);
+}
+
+/// A request completed that was never inserted or issued itself (the flush machinery finishes
+/// the original request of an empty flush): its first bio's Q and G are still in their slot.
+/// With no start at all, the completion is counted as lost.
+pub(crate) fn on_rq_complete_unissued<M: Mem>(l: &KernelLayout, rq: u64, key: u64, error: u32) {
+    let disk = rq_disk::<M>(l, rq);
+    if !is_traced(disk) {
+        return;
+    }
+    let Some(mut entry) = EVENTS.reserve::<IoRecord>(0) else {
+        count_lost(lost::RINGBUF_FULL);
+        return;
+    };
+    init_request_record::<M>(l, rq, key, disk, entry.as_mut_ptr());
+    // SAFETY: the reserved entry is ours until submit/discard.
+    let rec = unsafe { &mut *entry.as_mut_ptr() };
+    if rec.ts[event::Q] == 0 {
+        entry.discard(0);
+        count_lost(lost::COMPLETE_WITHOUT_START);
+        return;
+    }
+    fill_issue::<M>(l, rq, rec);
+    rec.ts[event::C] = unsafe { bpf_ktime_get_ns() };
+    rec.error = error;
+    entry.submit(commit_flags());
+}
