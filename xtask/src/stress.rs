@@ -43,7 +43,8 @@ impl CpuLoad {
         Ok(load)
     }
 
-    /// The workers use the CPU: their summed utime+stime grows by most of a core per core.
+    /// The workers use the CPU. They share it with the tests (and anything else running), so
+    /// the bar is low: below a fifth of the machine, they are not running as they should.
     fn check_busy(&self) -> Result<()> {
         let before = group_cpu_ticks(self.child.id());
         let t0 = Instant::now();
@@ -51,7 +52,7 @@ impl CpuLoad {
         let used = (group_cpu_ticks(self.child.id()) - before) as f64 / clock_ticks() as f64;
         let share = used / t0.elapsed().as_secs_f64() / self.cores as f64;
         eprintln!("xtask: --stress: the workers use {:.0}% of the machine's CPU", share * 100.0);
-        if share < 0.5 {
+        if share < 0.2 {
             bail!("stress-ng's workers use only {:.0}% of the CPU: the load is not there", share * 100.0);
         }
         Ok(())
