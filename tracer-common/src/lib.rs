@@ -98,6 +98,20 @@ pub struct IoRecord {
     pub submit_ns: u64,
     /// Time inside the md personality's make_request (`raid1_make_request`); 0 if none.
     pub personality_ns: u64,
+    /// The request's own timestamps as the kernel left them at completion (indexed by
+    /// [`kernel_ts`]); 0 where it did not set one (or BTF lacks the member). Requests only.
+    pub kernel_ns: [u64; kernel_ts::COUNT],
+}
+
+/// Timestamps the kernel keeps in `struct request`, read at completion beside the probes' own.
+pub mod kernel_ts {
+    /// `rq->start_time_ns`: set at allocation (before G) up to 6.x, at I/O accounting start
+    /// (just after G) in newer kernels; only with iostats or a scheduler.
+    pub const START: usize = 0;
+    /// `rq->io_start_time_ns`: set right after D, only while a stats consumer (wbt) is on the
+    /// queue.
+    pub const IO_START: usize = 1;
+    pub const COUNT: usize = 2;
 }
 
 /// A bio seen at Q and not yet turned into (or merged into) a request. Key: `struct bio *`.
@@ -233,6 +247,9 @@ pub struct KernelLayout {
     pub disk_first_minor: u32,
     /// `struct task_struct.comm`.
     pub task_comm: u32,
+    /// `struct request.start_time_ns` and `.io_start_time_ns`; 0 where BTF lacks them.
+    pub rq_start_time_ns: u32,
+    pub rq_io_start_time_ns: u32,
 }
 
 impl KernelLayout {
@@ -260,6 +277,8 @@ impl KernelLayout {
         disk_major: 0,
         disk_first_minor: 0,
         task_comm: 0,
+        rq_start_time_ns: 0,
+        rq_io_start_time_ns: 0,
     };
 }
 

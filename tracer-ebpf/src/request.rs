@@ -4,7 +4,9 @@
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
 use aya_ebpf::helpers::bpf_ktime_get_ns;
-use tracer_common::{DeviceState, IoRecord, KernelLayout, RequestState, event, flag, kind, limits, lost};
+use tracer_common::{
+    DeviceState, IoRecord, KernelLayout, RequestState, event, flag, kind, kernel_ts, limits, lost,
+};
 
 use crate::{
     kernel::{Mem, rq_disk, scalar},
@@ -218,6 +220,7 @@ pub(crate) fn on_rq_complete<M: Mem>(rq: u64, error: u32, nr_bytes: u32) {
                 copy_words(rec, &raw const s.record);
                 (*rec).ts[event::C] = bpf_ktime_get_ns();
                 (*rec).error = error;
+                kernel_stamps::<M>(l, rq, &mut *rec);
             }
             entry.submit(commit_flags());
         }
@@ -249,5 +252,17 @@ pub(crate) fn on_rq_complete_unissued<M: Mem>(l: &KernelLayout, rq: u64, key: u6
     fill_issue::<M>(l, rq, rec);
     rec.ts[event::C] = unsafe { bpf_ktime_get_ns() };
     rec.error = error;
+    kernel_stamps::<M>(l, rq, rec);
     entry.submit(commit_flags());
+}
+
+/// The request's own timestamps, where BTF has them: the record carries them beside the
+/// probes' so that userspace can compare the two, IO by IO.
+fn kernel_stamps<M: Mem>(l: &KernelLayout, rq: u64, rec: &mut IoRecord) {
+    if l.rq_start_time_ns != 0 {
+        rec.kernel_ns[kernel_ts::START] = M::read(rq, l.rq_start_time_ns);
+    }
+    if l.rq_io_start_time_ns != 0 {
+        rec.kernel_ns[kernel_ts::IO_START] = M::read(rq, l.rq_io_start_time_ns);
+    }
 }

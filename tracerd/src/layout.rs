@@ -41,6 +41,13 @@ pub fn resolve(btf: &Btf) -> Result<KernelLayout> {
         l.bio_bi_disk = off("bio", &["bi_disk"])?;
         l.bio_bi_partno = off("bio", &["bi_partno"])?;
     }
+    // The request's own timestamps, read beside the probes' (not needed to trace).
+    if btf.has_member("request", "start_time_ns") {
+        l.rq_start_time_ns = off("request", &["start_time_ns"])?;
+    }
+    if btf.has_member("request", "io_start_time_ns") {
+        l.rq_io_start_time_ns = off("request", &["io_start_time_ns"])?;
+    }
     // 5.17 dropped rq->rq_disk in favour of rq->q->disk.
     if btf.has_member("request", "rq_disk") {
         l.rq_disk_path = rq_disk_path::RQ_DISK;
@@ -89,7 +96,9 @@ mod tests {
             ("__sector", u64t, 48),
             ("bio", u64t, 56),
         ];
-        if !new_style {
+        if new_style {
+            rq.extend([("start_time_ns", u64t, 104), ("io_start_time_ns", u64t, 112)]);
+        } else {
             rq.push(("rq_disk", u64t, 96));
         }
         b.strukt("request", 4, 128, &rq);
@@ -106,6 +115,7 @@ mod tests {
         assert_eq!((l.bio_bi_sector, l.bio_bi_size, l.bio_bi_private), (32, 40, 64));
         assert_eq!((l.rq_cmd_flags, l.rq_data_len, l.rq_sector, l.rq_bio), (24, 44, 48, 56));
         assert_eq!(l.task_comm, 3000);
+        assert_eq!((l.rq_start_time_ns, l.rq_io_start_time_ns), (104, 112));
     }
 
     #[test]
@@ -115,6 +125,7 @@ mod tests {
         assert_eq!((l.bio_bi_disk, l.bio_bi_partno), (8, 16));
         assert_eq!(l.rq_disk_path, rq_disk_path::RQ_DISK);
         assert_eq!(l.rq_rq_disk, 96);
+        assert_eq!((l.rq_start_time_ns, l.rq_io_start_time_ns), (0, 0), "absent: not read");
     }
 
     #[test]

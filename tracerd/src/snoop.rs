@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::Result;
 use serde::Serialize;
-use tracer_common::{event, flag, kind};
+use tracer_common::{event, flag, kernel_ts, kind};
 
 use crate::{
     layers::Phase,
@@ -76,6 +76,10 @@ pub struct SnoopLine<'a> {
     pub error: u32,
     pub events_ns: BTreeMap<&'static str, u64>,
     pub stages_ns: BTreeMap<Stage, u64>,
+    /// The request's own timestamps (`start`: `rq->start_time_ns`, `io_start`:
+    /// `rq->io_start_time_ns`), where the kernel set them; same clock as `events_ns`.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub kernel_ns: BTreeMap<&'static str, u64>,
     /// This bio's address (bio records), which lower IOs name as `parent`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
@@ -119,6 +123,11 @@ pub fn line<'a>(device: &'a str, io: &Io<'a>, ops: &OpDecoder, topo: &Topology) 
     .filter(|(_, e)| rec.ts[*e] != 0)
     .map(|(n, e)| (n, rec.ts[e]))
     .collect();
+    let kernel_ns = [("start", kernel_ts::START), ("io_start", kernel_ts::IO_START)]
+        .into_iter()
+        .filter(|(_, k)| rec.kernel_ns[*k] != 0)
+        .map(|(n, k)| (n, rec.kernel_ns[k]))
+        .collect();
     SnoopLine {
         kind: match rec.kind {
             kind::MERGE => "merge",
@@ -140,6 +149,7 @@ pub fn line<'a>(device: &'a str, io: &Io<'a>, ops: &OpDecoder, topo: &Topology) 
         error: rec.error,
         events_ns,
         stages_ns,
+        kernel_ns,
         id: (rec.kind == kind::BIO).then(|| format!("{:#x}", rec.id)),
         parent: (rec.parent != 0).then(|| format!("{:#x}", rec.parent)),
         submit_ns: (rec.submit_ns != 0).then_some(rec.submit_ns),
@@ -279,6 +289,7 @@ mod tests {
             split: false,
             error,
             events_ns: BTreeMap::new(),
+            kernel_ns: BTreeMap::new(),
             stages_ns: BTreeMap::from([(Stage::D2c, 12_345)]),
             id: None,
             parent: None,
