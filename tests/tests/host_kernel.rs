@@ -611,3 +611,71 @@ fn doctor_checks_this_kernel_and_says_what_privileges_change() {
     assert!(verdict.starts_with("tracerd cannot run here: privileges"), "{text}");
     assert!(!text.contains('\x1b'), "no colour when stdout is not a terminal");
 }
+
+/// Min, median and max of signed differences (ns), for the report.
+fn spread(mut v: Vec<i64>) -> String {
+    if v.is_empty() {
+        return "none".into();
+    }
+    v.sort_unstable();
+    format!("min {} / median {} / max {} ns over {} IOs", v[0], v[v.len() / 2], v[v.len() - 1], v.len())
+}
+
+/// The request's own timestamps (`rq->start_time_ns`, `rq->io_start_time_ns`), read at
+/// completion, beside the probes' G and D on the same IOs: present wherever the kernel sets them
+/// (iostats for the first, a stats consumer such as wbt for the second), and in the order the
+/// kernel takes them. How far they lie from the probes is printed, not asserted: that is time.
+#[test]
+fn kernel_timestamps_sit_beside_the_probes_io_by_io() {
+    require_root();
+    let dev = LoopDevice::new(128);
+    let mut snoop = Tracerd::spawn(&["snoop", "--json", "--device", &dev.name]);
+    let workloads = [
+        Workload { write: false, count: 1000, size: 4096, qd: 1 },
+        Workload { write: false, count: 2000, size: 4096, qd: 16 },
+    ];
+    for w in &workloads {
+        w.run(&dev);
+    }
+    assert!(snoop.stop(libc::SIGINT).success(), "snoop failed:\n{}", snoop.stderr_text());
+    let queue = |file: &str| std::fs::read_to_string(format!("/sys/block/{}/queue/{file}", dev.name));
+    // wbt_lat_usec is readable exactly when writeback throttling, a stats consumer, is on the
+    // queue; iostats=1 has the kernel stamp the request's start.
+    let wbt = queue("wbt_lat_usec").is_ok();
+    let iostats = queue("iostats").is_ok_and(|v| v.trim() == "1");
+    let (mut n, mut io_start_minus_d, mut start_minus_g) = (0u64, Vec::new(), Vec::new());
+    for line in snoop.stdout_text().lines() {
+        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        n += 1;
+        let (e, k) = (&v["events_ns"], &v["kernel_ns"]);
+        let ev = |name: &str| e[name].as_u64().unwrap_or_else(|| panic!("no {name} in {line}"));
+        let c = ev("c");
+        match k["io_start"].as_u64() {
+            Some(io_start) => {
+                assert!(io_start <= c, "io_start_time_ns after the completion probe: {line}");
+                io_start_minus_d.push(io_start as i64 - ev("d") as i64);
+            }
+            None => assert!(!wbt, "wbt is on {} but a request has no io_start_time_ns: {line}", dev.name),
+        }
+        match k["start"].as_u64() {
+            Some(start) => {
+                assert!(start <= c, "start_time_ns after the completion probe: {line}");
+                if let Some(io_start) = k["io_start"].as_u64() {
+                    assert!(start <= io_start, "start_time_ns after io_start_time_ns: {line}");
+                }
+                start_minus_g.push(start as i64 - ev("g") as i64);
+            }
+            None => {
+                assert!(!iostats, "iostats is on for {} but a request has no start_time_ns: {line}", dev.name)
+            }
+        }
+    }
+    assert_eq!(n, 3000, "one line per read");
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    eprintln!(
+        "kernel timestamps on {} (wbt {wbt}, iostats {iostats}):\n  io_start_time_ns - D probe: {}\n  start_time_ns - G probe: {}",
+        kernel.trim(),
+        spread(io_start_minus_d),
+        spread(start_minus_g)
+    );
+}
