@@ -5,7 +5,7 @@ use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use tracer_common::{
-    DeviceState, IoRecord, KernelLayout, RequestState, event, flag, kind, kernel_ts, limits, lost,
+    DeviceState, IoRecord, KernelLayout, RequestState, event, flag, kernel_ts, kind, limits, lost,
 };
 
 use crate::{
