@@ -113,7 +113,7 @@ fn devices_come_and_go_without_a_restart_and_vanished_series_expire() {
     let (b, parts) = LoopDevice::partitioned(64, 2, 16);
     // New devices are picked up at a rescan (a loop device that already existed unbound is
     // traced from the start): wait until the agent traces every block device sysfs has now.
-    let in_sysfs = tracerd::topology::Topology::scan().unwrap().devices().count() as u64;
+    let in_sysfs = tracerd::model::topology::Topology::scan().unwrap().devices().count() as u64;
     let traced = || agent.metrics().get("tracerd_traced_devices", &[]) as u64;
     assert!(
         eventually(|| traced() == in_sysfs),
@@ -195,7 +195,7 @@ fn open_request(disk: u32, issued_ns: u64) -> Slot<RequestState> {
 
 /// A device's kernel `dev_t`, as tracerd reads it from sysfs.
 fn dev_t(name: &str) -> u32 {
-    tracerd::topology::Topology::scan().unwrap().by_name(name).expect(name).dev
+    tracerd::model::topology::Topology::scan().unwrap().by_name(name).expect(name).dev
 }
 
 /// Completions the kernel never reports leave entries behind. Planted in tracerd's real
@@ -214,7 +214,7 @@ fn missed_completions_are_evicted_and_counted() {
     let agent = Tracerd::run(&["--config", cfg.to_str().unwrap()]);
     let mut table = requests_table(&before);
     let last = table.len() - 1;
-    let now = tracerd::tracer::monotonic_ns();
+    let now = tracerd::kernel::tracer::monotonic_ns();
     // One open request long ago on a device that stays, one "now" (not stale for a minute)
     // on a device about to vanish.
     table.set(last, open_request(dev_t(&stays.name), now - 10_000_000_000), 0).unwrap();

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::Value;
-use tracerd::{capture::Capture, stage::Stage};
+use tracerd::{commands::capture::Capture, model::stage::Stage};
 use tracerd_tests::{
     HANG, LoopDevice, Metrics, TempDir, Tracerd, Workload, eventually, require_root, tracerd_output,
 };
@@ -84,10 +84,14 @@ fn metrics_and_report_count_every_io_at_qd1_and_qd16() {
     assert_eq!(lost, 0.0, "no event may be lost at this rate");
     // Every tracepoint hook attaches (as tp_btf); each kprobe is attached or skipped with a reason.
     let tp_btf = m.sum("tracerd_hook_attached", &[("attach_type", "tp_btf")]);
-    assert_eq!(tp_btf, tracerd::hooks::HOOKS.len() as f64, "every tracepoint hook attaches as tp_btf");
+    assert_eq!(
+        tp_btf,
+        tracerd::kernel::hooks::HOOKS.len() as f64,
+        "every tracepoint hook attaches as tp_btf"
+    );
     let kprobes =
         m.sum("tracerd_hook_attached", &[("attach_type", "kprobe")]) + m.sum("tracerd_hook_skipped", &[]);
-    assert_eq!(kprobes, tracerd::hooks::KPROBES.len() as f64, "each kprobe attached or skipped");
+    assert_eq!(kprobes, tracerd::kernel::hooks::KPROBES.len() as f64, "each kprobe attached or skipped");
 
     // report --json, captured over the same IO, agrees with /metrics.
     assert!(report.stop(libc::SIGINT).success(), "report failed:\n{}", report.stderr_text());
@@ -232,7 +236,11 @@ fn sigterm_and_sigint_detach_every_program() {
         let ours: Vec<(u32, String)> =
             tracerd_programs().into_iter().filter(|(id, _)| !before.contains(id)).collect();
         let tracepoints = ours.iter().filter(|(_, n)| n.starts_with("btf_") || n.starts_with("raw_")).count();
-        assert_eq!(tracepoints, tracerd::hooks::HOOKS.len(), "one program per tracepoint hook: {ours:?}");
+        assert_eq!(
+            tracepoints,
+            tracerd::kernel::hooks::HOOKS.len(),
+            "one program per tracepoint hook: {ours:?}"
+        );
         let status = agent.stop(signal);
         assert!(status.success(), "exit status {status} after signal {signal}:\n{}", agent.stderr_text());
         let left = || -> Vec<(u32, String)> {
@@ -316,7 +324,7 @@ fn diff_of_saved_captures_at_qd1_and_qd32_matches_the_captures() {
     let (ca, cb) = (Capture::load(a.as_ref()).unwrap(), Capture::load(b.as_ref()).unwrap());
     let read_of = |c: &Capture| {
         let d = c.devices.iter().find(|d| d.device == dev.name).expect("device in capture");
-        d.ops.iter().find(|o| o.op == tracerd::op::Op::Read).expect("reads in capture").clone()
+        d.ops.iter().find(|o| o.op == tracerd::model::op::Op::Read).expect("reads in capture").clone()
     };
     let (ra, rb) = (read_of(&ca), read_of(&cb));
     assert_eq!((ra.requests, rb.requests, ra.bytes), (N, N, N * 4096));
@@ -339,8 +347,8 @@ fn diff_of_saved_captures_at_qd1_and_qd32_matches_the_captures() {
             // intervals do not overlap.
             let (ia, ib) = (&q["a_interval_s"], &q["b_interval_s"]);
             let apart = ia[1].as_f64() < ib[0].as_f64() || ib[1].as_f64() < ia[0].as_f64();
-            let judged =
-                tracerd::diff::enough(ha.len(), quantile) && tracerd::diff::enough(hb.len(), quantile);
+            let judged = tracerd::commands::diff::enough(ha.len(), quantile)
+                && tracerd::commands::diff::enough(hb.len(), quantile);
             let want = match (judged, apart) {
                 (false, _) => "too_few_samples",
                 (true, true) => "changed",
@@ -566,7 +574,7 @@ fn doctor_checks_this_kernel_and_says_what_privileges_change() {
     for name in ["privileges", "btf", "layout", "op_enums", "ring_buffer", "load"] {
         assert_eq!(check(&checks, name)["status"], "ok", "{name}: {checks:#?}");
     }
-    for hook in tracerd::hooks::HOOKS {
+    for hook in tracerd::kernel::hooks::HOOKS {
         assert!(
             checks.iter().any(|c| c["name"] == format!("tracepoint:{}", hook.tracepoint)),
             "{}",
@@ -587,7 +595,7 @@ fn doctor_checks_this_kernel_and_says_what_privileges_change() {
     if !pmu {
         assert!(kprobes["advice"].is_string(), "says what to do: {kprobes}");
     }
-    for k in tracerd::hooks::KPROBES {
+    for k in tracerd::kernel::hooks::KPROBES {
         check(&checks, &format!("kprobe:{}", k.function));
     }
     // Without privileges: a FAIL for them with what to do, the rest still checked, no panic.

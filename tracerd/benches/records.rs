@@ -8,13 +8,13 @@ use std::time::Instant;
 
 use tracer_common::{IoRecord, event, kind};
 use tracerd::{
-    aggregate::Aggregator,
-    btf::Btf,
-    layers::{LayerSplit, Layers, MAX_LOWERS},
-    op::OpDecoder,
-    record,
-    selection::Selection,
-    topology::Topology,
+    kernel::btf::Btf,
+    kernel::record,
+    model::aggregate::Aggregator,
+    model::layers::{LayerSplit, Layers, MAX_LOWERS},
+    model::op::OpDecoder,
+    model::selection::Selection,
+    model::topology::Topology,
 };
 
 const RECORDS: usize = 1_000_000;

@@ -4,7 +4,7 @@ use std::{net::SocketAddr, path::PathBuf};
 
 use clap::{Args, Parser, Subcommand, ValueEnum, builder::PossibleValue};
 
-use crate::stage::Stage;
+use crate::model::stage::Stage;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9560";
 

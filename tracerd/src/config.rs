@@ -8,8 +8,8 @@ use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
 use crate::{
-    aggregate::{HistogramRange, SeriesLimits},
     cli::DEFAULT_LISTEN,
+    model::aggregate::{HistogramRange, SeriesLimits},
 };
 
 /// The file as written: every key optional.

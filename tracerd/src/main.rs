@@ -4,14 +4,17 @@ use anyhow::Result;
 use clap::Parser;
 
 use tracerd::{
-    aggregate,
     cli::{By, Cli, ColorWhen, Command, TraceArgs},
+    commands::diff,
+    commands::doctor,
+    commands::report,
+    commands::run,
+    commands::snoop,
     config::{Config, Flags},
-    diff, doctor, report, run,
-    selection::Selection,
-    snoop,
+    kernel::tracer::LoadOptions,
+    model::aggregate,
+    model::selection::Selection,
     style::Style,
-    tracer::LoadOptions,
 };
 
 fn main() {

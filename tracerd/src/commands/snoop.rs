@@ -11,15 +11,15 @@ use serde::Serialize;
 use tracer_common::{event, flag, kernel_ts, kind};
 
 use crate::{
-    layers::Phase,
-    op::{Op, OpDecoder},
-    record::comm,
-    selection::Selection,
-    session::{Io, Session, shutdown_signal},
-    stage::{Stage, path},
+    kernel::record::comm,
+    kernel::session::{Io, Session, shutdown_signal},
+    kernel::tracer::LoadOptions,
+    model::layers::Phase,
+    model::op::{Op, OpDecoder},
+    model::selection::Selection,
+    model::stage::{Stage, path},
+    model::topology::Topology,
     style::Style,
-    topology::Topology,
-    tracer::LoadOptions,
     units,
 };
 

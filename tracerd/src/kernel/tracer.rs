@@ -15,10 +15,10 @@ use aya::{
 use tracer_common::{BioState, DeviceState, RequestState, Settings, Slot, limits, lost, names};
 
 use crate::{
-    btf::{Btf, VMLINUX},
-    hooks::{HOOKS, HookStatus, KPROBES, kprobes_available, load_kprobe_programs},
-    layout,
-    op::OpDecoder,
+    kernel::btf::{Btf, VMLINUX},
+    kernel::hooks::{HOOKS, HookStatus, KPROBES, kprobes_available, load_kprobe_programs},
+    kernel::layout,
+    model::op::OpDecoder,
 };
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("TRACERD_EBPF_OBJECT"));

@@ -123,7 +123,7 @@ pub fn render_buckets(rows: &[Log2Bucket], style: Style) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::aggregate::{HIGHEST_NS, LOWEST_NS, SIGFIG};
+    use crate::model::aggregate::{HIGHEST_NS, LOWEST_NS, SIGFIG};
 
     fn hist(values: &[(u64, u64)]) -> Histogram<u64> {
         let mut h = Histogram::new_with_bounds(LOWEST_NS, HIGHEST_NS, SIGFIG).unwrap();

@@ -19,9 +19,9 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::{
-    capture::{Capture, DeviceCapture, Hist},
-    op::Op,
-    stage::Stage,
+    commands::capture::{Capture, DeviceCapture, Hist},
+    model::op::Op,
+    model::stage::Stage,
     style::Style,
     units,
 };
@@ -385,8 +385,8 @@ mod tests {
 
     use super::*;
     use crate::{
-        aggregate::{HIGHEST_NS, LOWEST_NS, SIGFIG, StageHist},
-        capture::{FORMAT, HistogramConfig, OpCapture, VERSION, tests::Rng},
+        commands::capture::{FORMAT, HistogramConfig, OpCapture, VERSION, tests::Rng},
+        model::aggregate::{HIGHEST_NS, LOWEST_NS, SIGFIG, StageHist},
     };
 
     fn hist(values: impl IntoIterator<Item = u64>) -> Hist {

@@ -4,12 +4,12 @@
 use std::fmt::Write;
 
 use crate::{
-    aggregate::{Aggregator, QueueDepths, StageHist},
-    hooks::HookStatus,
-    layers::Phase,
-    process::ProcessStats,
-    stage::Stage,
-    tracer::ProgramTotals,
+    kernel::hooks::HookStatus,
+    kernel::tracer::ProgramTotals,
+    model::aggregate::{Aggregator, QueueDepths, StageHist},
+    model::layers::Phase,
+    model::stage::Stage,
+    serve::process::ProcessStats,
 };
 
 /// Bucket upper bounds (seconds): 1-2-5 steps from 1 µs to 50 s, then 60 s (the range top).
@@ -19,7 +19,7 @@ pub const BUCKETS_S: [f64; 25] = [
 ];
 
 /// A per-series counter: name, help, and how to read it.
-type Counter = (&'static str, &'static str, fn(&crate::aggregate::OpStats) -> u64);
+type Counter = (&'static str, &'static str, fn(&crate::model::aggregate::OpStats) -> u64);
 
 /// What `/metrics` shows: the aggregation plus tracerd's own health.
 #[derive(Debug, Default)]
@@ -276,7 +276,7 @@ pub fn render(state: &State) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::op::Op;
+    use crate::model::op::Op;
     use tracer_common::{IoRecord, event, kind};
 
     fn sample_state() -> State {
@@ -343,7 +343,7 @@ mod tests {
         let mut agg = Aggregator::new(false);
         let mut r = IoRecord { kind: kind::BIO, submit_ns: 4000, ..Default::default() };
         (r.ts[event::Q], r.ts[event::C]) = (1000, 11_000);
-        let split = crate::layers::LayerSplit {
+        let split = crate::model::layers::LayerSplit {
             lower: 2,
             ios: 1,
             layer_ns: 1000,

@@ -15,11 +15,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::{
-    aggregate::{Aggregator, HIGHEST_NS, LOWEST_NS, Lost, SIGFIG, StageHist},
-    layers::Phase,
-    op::Op,
-    stage::Stage,
-    topology::Topology,
+    model::aggregate::{Aggregator, HIGHEST_NS, LOWEST_NS, Lost, SIGFIG, StageHist},
+    model::layers::Phase,
+    model::op::Op,
+    model::stage::Stage,
+    model::topology::Topology,
 };
 
 /// The `format` field: says what the file is before anything else is read.
@@ -466,7 +466,7 @@ impl Capture {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::topology::tests::tempdir;
+    use crate::model::topology::tests::tempdir;
     use tracer_common::{IoRecord, event, kind};
 
     /// Deterministic pseudo-random numbers (xorshift), so tests need no extra crate.
@@ -498,7 +498,7 @@ pub(crate) mod tests {
         agg.add(7, Op::Write, &w, &[], |_| unreachable!());
         let mut upper = IoRecord { kind: kind::BIO, ..Default::default() };
         (upper.ts[event::Q], upper.ts[event::C]) = (0, 10_000);
-        let split = crate::layers::LayerSplit {
+        let split = crate::model::layers::LayerSplit {
             lower: 7,
             ios: 1,
             layer_ns: 1000,

@@ -13,18 +13,18 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::{
-    aggregate::{Aggregator, Lost, OpStats, StageHist, Stages},
-    capture::{self, Capture},
-    histogram_view::{self, Log2Bucket},
-    hooks::HookStatus,
-    layers::Phase,
-    op::Op,
-    selection::Selection,
-    session::{Session, shutdown_signal},
-    stage::Stage,
+    commands::capture::{self, Capture},
+    commands::histogram_view::{self, Log2Bucket},
+    kernel::hooks::HookStatus,
+    kernel::session::{Session, shutdown_signal},
+    kernel::tracer::{LoadOptions, kernel_release},
+    model::aggregate::{Aggregator, Lost, OpStats, StageHist, Stages},
+    model::layers::Phase,
+    model::op::Op,
+    model::selection::Selection,
+    model::stage::Stage,
+    model::topology::Topology,
     style::Style,
-    topology::Topology,
-    tracer::{LoadOptions, kernel_release},
     units,
 };
 
@@ -491,7 +491,7 @@ pub async fn report(
     if let Some(path) = save {
         Capture::check_save_path(path)?;
         // Version-1 captures hold histograms of the default range only.
-        if crate::aggregate::histogram_range() != crate::aggregate::HistogramRange::default() {
+        if crate::model::aggregate::histogram_range() != crate::model::aggregate::HistogramRange::default() {
             anyhow::bail!(
                 "--save writes histograms of the default range (100 ns to 60 s, 3 significant digits),                  and the config's [histogram] section sets another: remove it to save a capture"
             );
@@ -591,8 +591,8 @@ mod tests {
 
     /// md0 (raid1) over ram0 and ram1, one write.
     fn stacked() -> (Aggregator, Topology) {
-        use crate::layers::LayerSplit;
-        use crate::topology::tests::fake_stacked_sysfs;
+        use crate::model::layers::LayerSplit;
+        use crate::model::topology::tests::fake_stacked_sysfs;
         let dir = fake_stacked_sysfs(
             &[("ram0", "1:0", None, false), ("ram1", "1:1", None, false)],
             &[("md0", "9:0", &["ram0", "ram1"], None, Some("raid1"))],
@@ -602,8 +602,9 @@ mod tests {
         let name = |d: u32| topo.name_of(d);
         let mut upper = IoRecord { kind: kind::BIO, submit_ns: 5000, ..Default::default() };
         (upper.ts[event::Q], upper.ts[event::C]) = (0, 10_000);
-        let md0 = crate::topology::kernel_dev(9, 0);
-        let (ram0, ram1) = (crate::topology::kernel_dev(1, 0), crate::topology::kernel_dev(1, 1));
+        let md0 = crate::model::topology::kernel_dev(9, 0);
+        let (ram0, ram1) =
+            (crate::model::topology::kernel_dev(1, 0), crate::model::topology::kernel_dev(1, 1));
         let splits = [
             LayerSplit { lower: ram0, ios: 1, layer_ns: 1000, lower_ns: 8000, completion_ns: 1000 },
             LayerSplit { lower: ram1, ios: 1, layer_ns: 2000, lower_ns: 7000, completion_ns: 1000 },
@@ -824,8 +825,8 @@ lost events: stale_bio 3
 
     #[test]
     fn tables_stay_aligned_for_long_names_large_counts_and_ns_to_minutes() {
-        use crate::layers::LayerSplit;
-        use crate::topology::tests::fake_stacked_sysfs;
+        use crate::model::layers::LayerSplit;
+        use crate::model::topology::tests::fake_stacked_sysfs;
         let dir = fake_stacked_sysfs(
             &[
                 ("nvme0n1", "259:0", None, true),
@@ -837,9 +838,9 @@ lost events: stale_bio 3
         let topo = Topology::scan_root(&dir.0).unwrap();
         let name = |d: u32| topo.name_of(d);
         let (dm0, p12, boot) = (
-            crate::topology::kernel_dev(253, 0),
-            crate::topology::kernel_dev(259, 12),
-            crate::topology::kernel_dev(179, 8),
+            crate::model::topology::kernel_dev(253, 0),
+            crate::model::topology::kernel_dev(259, 12),
+            crate::model::topology::kernel_dev(179, 8),
         );
         let mut agg = Aggregator::new(true);
         // From 50 ns (Q2G) to 5 minutes (Q2C; the histogram tops out at 60 s, the mean does not).

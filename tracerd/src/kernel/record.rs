@@ -66,14 +66,14 @@ mod tests {
         use proptest::prelude::*;
 
         use super::*;
-        use crate::{aggregate::Aggregator, layers::Layers, metrics, op::Op};
+        use crate::{model::aggregate::Aggregator, model::layers::Layers, model::op::Op, serve::metrics};
 
         fn pipeline(bytes: &[u8]) {
             let Ok(rec) = decode(bytes) else { return };
             let _ = comm(&rec);
             let mut layers = Layers::default();
             layers.lower_done(rec.dev, &rec);
-            let mut splits = [Default::default(); crate::layers::MAX_LOWERS];
+            let mut splits = [Default::default(); crate::model::layers::MAX_LOWERS];
             let n = layers.upper_done(&rec, &mut splits);
             let mut agg = Aggregator::new(true);
             let op = [Op::Read, Op::Write, Op::Flush, Op::Discard, Op::Other][rec.cmd_flags as usize % 5];

@@ -26,7 +26,7 @@ use tokio_rustls::{
 
 use crate::{
     config::HttpSecurity,
-    metrics::{self, State},
+    serve::metrics::{self, State},
 };
 
 const MAX_HEAD: usize = 8 * 1024;

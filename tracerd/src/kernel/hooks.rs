@@ -8,7 +8,7 @@ use aya::{
 };
 use serde::Serialize;
 
-use crate::btf::Btf;
+use crate::kernel::btf::Btf;
 
 pub struct Hook {
     pub tracepoint: &'static str,
@@ -274,7 +274,7 @@ fn attach_raw_tp(ebpf: &mut Ebpf, name: &str, tp: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::btf::tests::Builder;
+    use crate::kernel::btf::tests::Builder;
 
     #[test]
     fn variants_follow_the_kernel_arity() {

@@ -10,7 +10,7 @@ use tracer_common::IoRecord;
 
 use crate::{
     config::name_matches,
-    topology::{Device, Topology},
+    model::topology::{Device, Topology},
 };
 
 #[derive(Clone, Debug, Default)]
@@ -101,9 +101,9 @@ impl Resolved {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::{kernel_dev, tests::fake_sysfs};
+    use crate::model::topology::{kernel_dev, tests::fake_sysfs};
 
-    fn topo() -> (Topology, crate::topology::tests::tempdir::Dir) {
+    fn topo() -> (Topology, crate::model::topology::tests::tempdir::Dir) {
         let dir = fake_sysfs(&[
             ("loop0", "7:0", None, true),
             ("loop0p1", "259:0", Some("loop0"), false),
@@ -152,7 +152,7 @@ mod tests {
 
     #[test]
     fn a_named_stack_brings_its_lower_devices() {
-        use crate::topology::tests::fake_stacked_sysfs;
+        use crate::model::topology::tests::fake_stacked_sysfs;
         let dir = fake_stacked_sysfs(
             &[("ram0", "1:0", None, false), ("ram1", "1:1", None, false), ("ram2", "1:2", None, false)],
             &[("md0", "9:0", &["ram0", "ram1"], None, Some("raid1"))],

@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::btf::Btf;
+use crate::kernel::btf::Btf;
 
 /// Operation label used everywhere (metrics, report, snoop).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -106,7 +106,7 @@ impl OpDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::btf::tests::Builder;
+    use crate::kernel::btf::tests::Builder;
 
     /// Numbering of 6.x kernels (REQ_OP_BITS = 8).
     pub fn decoder() -> OpDecoder {

@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 use tracer_common::{KernelLayout, bio_dev_path, rq_disk_path};
 
-use crate::btf::Btf;
+use crate::kernel::btf::Btf;
 
 /// Resolves every offset the kernel programs read.
 pub fn resolve(btf: &Btf) -> Result<KernelLayout> {
@@ -62,7 +62,7 @@ pub fn resolve(btf: &Btf) -> Result<KernelLayout> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::btf::tests::Builder;
+    use crate::kernel::btf::tests::Builder;
 
     fn kernel(new_style: bool) -> Btf {
         let mut b = Builder::new();

@@ -7,9 +7,9 @@ use hdrhistogram::Histogram;
 use tracer_common::{IoRecord, kind, lost};
 
 use crate::{
-    layers::{LayerSplit, Phase},
-    op::Op,
-    stage::Stage,
+    model::layers::{LayerSplit, Phase},
+    model::op::Op,
+    model::stage::Stage,
 };
 
 /// Default histogram range: 100 ns to 60 s at 3 significant digits.

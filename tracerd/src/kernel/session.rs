@@ -9,12 +9,12 @@ use tokio::io::unix::AsyncFd;
 use tracer_common::IoRecord;
 
 use crate::{
-    aggregate::Lost,
-    layers::{LayerSplit, Layers, MAX_LOWERS},
-    record,
-    selection::{Resolved, Selection},
-    topology::Topology,
-    tracer::{LoadOptions, ProgramTotals, Tracer},
+    kernel::record,
+    kernel::tracer::{LoadOptions, ProgramTotals, Tracer},
+    model::aggregate::Lost,
+    model::layers::{LayerSplit, Layers, MAX_LOWERS},
+    model::selection::{Resolved, Selection},
+    model::topology::Topology,
 };
 
 /// One traced IO as handed to consumers.

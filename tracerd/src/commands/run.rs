@@ -9,13 +9,13 @@ use std::{
 use anyhow::Result;
 
 use crate::{
-    aggregate::{Aggregator, Lost, SeriesLimits},
     config::HttpSecurity,
-    http,
-    metrics::State,
-    selection::Selection,
-    session::{Session, shutdown_signal},
-    tracer::{LoadOptions, kernel_release},
+    kernel::session::{Session, shutdown_signal},
+    kernel::tracer::{LoadOptions, kernel_release},
+    model::aggregate::{Aggregator, Lost, SeriesLimits},
+    model::selection::Selection,
+    serve::http,
+    serve::metrics::State,
 };
 
 /// How often devices are rescanned and lost counters refreshed.

@@ -16,12 +16,12 @@ use serde::Serialize;
 use tracer_common::{bio_dev_path, limits, rq_disk_path};
 
 use crate::{
-    btf::{Btf, VMLINUX},
-    hooks::{HOOKS, Hook, HookStatus, KPROBES, kprobes_available},
-    layout,
-    op::OpDecoder,
-    topology::{Device, Topology},
-    tracer::{self, CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, LoadOptions, Tracer},
+    kernel::btf::{Btf, VMLINUX},
+    kernel::hooks::{HOOKS, Hook, HookStatus, KPROBES, kprobes_available},
+    kernel::layout,
+    kernel::tracer::{self, CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, LoadOptions, Tracer},
+    model::op::OpDecoder,
+    model::topology::{Device, Topology},
     units,
 };
 
@@ -763,7 +763,7 @@ pub fn render(checks: &[Check], colour: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{btf::tests::Builder, topology::tests::fake_stacked_sysfs};
+    use crate::{kernel::btf::tests::Builder, model::topology::tests::fake_stacked_sysfs};
 
     fn check(name: &str, status: Status) -> Check {
         Check::new(name, status, format!("{name} detail"))

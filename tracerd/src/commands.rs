@@ -1,0 +1,10 @@
+//! The commands: the agent (`run`), `report` and its captures and histogram view, `snoop`,
+//! `diff`, `doctor`.
+
+pub mod capture;
+pub mod diff;
+pub mod doctor;
+pub mod histogram_view;
+pub mod report;
+pub mod run;
+pub mod snoop;

@@ -1,0 +1,9 @@
+//! Loading the kernel side: BTF, struct offsets, hook variants, the loaded programs and maps, the
+//! ring-buffer session and record decoding.
+
+pub mod btf;
+pub mod hooks;
+pub mod layout;
+pub mod record;
+pub mod session;
+pub mod tracer;

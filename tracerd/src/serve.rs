@@ -1,0 +1,5 @@
+//! Serving: the HTTP listener, the Prometheus exposition, the process's own resource use.
+
+pub mod http;
+pub mod metrics;
+pub mod process;
