@@ -303,18 +303,6 @@ impl Tracer {
         self.child.as_ref().map(Child::id)
     }
 
-    /// Lost events so far: from /metrics (run) or the exit warning (snoop).
-    fn lost_from_metrics(&self) -> Option<u64> {
-        let addr = self.metrics.as_ref()?;
-        let body = output(Command::new("curl").args(["-s", &format!("http://{addr}/metrics")])).ok()?;
-        Some(
-            body.lines()
-                .filter(|l| l.starts_with("tracerd_events_lost_total"))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum::<f64>() as u64,
-        )
-    }
-
     fn stop(&mut self) -> Result<Option<u64>> {
         let Some(mut child) = self.child.take() else { return Ok(None) };
         // SIGINT: every tracer prints/cleans up on it.
@@ -398,8 +386,9 @@ fn measure(
     let bpf1 = bpf_runtime(&tracer.programs)?;
     let is_tracerd = matches!(variant, Variant::TracerdRun | Variant::TracerdSnoop | Variant::TracerdReport);
     let rss = if is_tracerd { pid.and_then(|p| status_kib(p, "VmHWM:")) } else { None };
-    let lost_run = tracer.lost_from_metrics();
+    // One scrape: the total is the sum of the per-reason counters (`tracerd run` only).
     let lost_reasons = tracer.lost_reasons();
+    let lost_run = tracer.metrics.is_some().then(|| lost_reasons.values().sum::<u64>());
     let programs = tracer.programs.len();
     let mut tracer = tracer;
     let lost_snoop = tracer.stop()?;
