@@ -687,3 +687,47 @@ fn kernel_timestamps_sit_beside_the_probes_io_by_io() {
         spread(start_minus_g)
     );
 }
+
+/// The agent counts reads and writes in the kernel. `--aggregation check` has the kernel send
+/// each such IO as a record too; on exit the daemon counts the records with its own stage
+/// definitions and compares them with the kernel's counters, series by series: requests,
+/// bytes, paths, queue depths, and every stage's sum and histogram buckets.
+#[test]
+fn kernel_aggregation_equals_the_records_io_by_io() {
+    require_root();
+    let (disk, parts) = LoopDevice::partitioned(128, 2, 32);
+    let (whole, part) = (&disk.name, &parts[0]);
+    let mut agent = Tracerd::run(&["--device", whole, "--device", part, "--aggregation", "check"]);
+    // Both devices have a kernel series from the start (there are enough for every device).
+    let used = agent.metrics().get("tracerd_kernel_series", &[("state", "used")]);
+    assert_eq!(used, 2.0, "kernel series for {whole} and {part}");
+    let on_disk = [
+        Workload { write: false, count: 4000, size: 4096, qd: 16 },
+        Workload { write: true, count: 600, size: 8192, qd: 4 },
+        Workload { write: false, count: 300, size: 65536, qd: 1 },
+    ];
+    for w in &on_disk {
+        w.run(&disk);
+    }
+    // Partition 2 is not named: its IO counts towards the disk. Partition 1's is its own.
+    Workload { write: true, count: 200, size: 4096, qd: 8 }.run_on(&format!("/dev/{}", parts[1]));
+    Workload { write: false, count: 500, size: 4096, qd: 32 }.run_on(&format!("/dev/{part}"));
+    let want = [(whole.as_str(), "read", 4300), (whole, "write", 800), (part, "read", 500)];
+    let counts = || {
+        let m = agent.metrics();
+        want.iter().map(|(d, op, _)| requests(&m, d, op)).collect::<Vec<_>>()
+    };
+    let in_metrics: Vec<u64> = want.iter().map(|w| w.2).collect();
+    assert!(
+        eventually(|| counts() == in_metrics),
+        "/metrics: {:?}, not {in_metrics:?} (waited {HANG:?})",
+        counts()
+    );
+    assert!(agent.stop(libc::SIGINT).success(), "the check failed:\n{}", agent.stdout_text());
+    let out = agent.stdout_text();
+    for (d, op, n) in want {
+        let line = format!("aggregation check: {d} {op}: {n} requests, kernel and records agree");
+        assert!(out.contains(&line), "no '{line}' in:\n{out}");
+    }
+    assert!(!out.contains("DIFFER"), "{out}");
+}

@@ -41,6 +41,8 @@ pub mod flag {
     /// Request-based dm sent the request's data down as a clone (`block_rq_remap`): the clone's
     /// completion completes its bytes, and dm ends it later with a zero-byte completion (its C).
     pub const CLONED: u8 = 1 << 2;
+    /// The kernel also counted this IO into its own aggregation (`run --aggregation check`).
+    pub const IN_KERNEL: u8 = 1 << 3;
 }
 
 /// Why an event was lost. Index into the kernel's per-CPU `LOST` counters; the daemon adds
@@ -179,6 +181,12 @@ pub struct Settings {
     pub wakeup_records: u32,
     /// Non-zero when every device is traced: the per-bio device filter lookup is skipped.
     pub all_devices: u32,
+    /// What the kernel does with a completed request of a device with a series (`agg::mode`).
+    pub aggregate: u32,
+    /// The running kernel's op numbering (from BTF): `cmd_flags & op_mask` is the op.
+    pub op_mask: u32,
+    pub op_read: u32,
+    pub op_write: u32,
     pub _pad: u32,
 }
 
@@ -198,7 +206,162 @@ pub struct RequestState {
 pub struct DeviceState {
     /// Requests issued to this disk and not yet completed (updated atomically).
     pub in_flight: u32,
-    pub _pad: u32,
+    /// The device's index into `SERIES_OF` (1-based; fixed while it is traced).
+    pub index: u32,
+}
+
+/// In-kernel aggregation for the agent (`tracerd run`): completed reads and writes of a device
+/// with a series are counted into per-CPU [`SeriesAgg`] counters, which the daemon folds into
+/// its histograms; no record crosses the ring buffer for them.
+pub mod agg {
+    /// `Settings::aggregate`.
+    pub mod mode {
+        /// Every IO is a record (report, snoop, capture).
+        pub const RECORDS: u32 = 0;
+        /// Reads and writes of devices with a series are counted in the kernel only.
+        pub const KERNEL: u32 = 1;
+        /// Counted in the kernel and sent as records too, flagged `IN_KERNEL`, so that the
+        /// daemon can check one against the other.
+        pub const CHECK: u32 = 2;
+    }
+
+    /// Ops with in-kernel series; other ops (flush, discard, ...) stay records.
+    pub const OPS: u32 = 2;
+    pub const READ: u32 = 0;
+    pub const WRITE: u32 = 1;
+
+    /// Request stages counted in the kernel, in the daemon's `Stage` order: Q2G, G2I, I2D,
+    /// G2D, Q2D, D2C, Q2C.
+    pub const STAGES: usize = 7;
+
+    /// Preferred numbers (R10) per decade, in hundredths: 1, 2 and 5 are among them, so the
+    /// Prometheus buckets (1-2-5 steps) are unions of these.
+    const R10: [u64; 10] = [100, 125, 160, 200, 250, 315, 400, 500, 630, 800];
+    /// Bucket upper bounds (ns, inclusive): R10 steps from 100 ns to 50 s, then 60 s (the top
+    /// of the daemon's histograms). Each bound is at most 1.28 times the one below.
+    pub const BOUNDS_NS: [u64; 89] = bounds();
+    /// Buckets per histogram: one per bound, and one above the last.
+    pub const BUCKETS: usize = BOUNDS_NS.len() + 1;
+
+    const fn bounds() -> [u64; 89] {
+        let mut out = [0u64; 89];
+        let (mut i, mut decade) = (0, 1u64);
+        while i < 88 {
+            let mut m = 0;
+            while m < R10.len() && i < 88 {
+                out[i] = R10[m] * decade;
+                i += 1;
+                m += 1;
+            }
+            decade *= 10;
+        }
+        out[88] = 60_000_000_000;
+        out
+    }
+
+    /// The bucket of `ns`: the first whose bound is at least `ns` (BUCKETS - 1 above 60 s).
+    /// A binary search in 7 halvings (2^7 >= BUCKETS), bounded for the verifier.
+    #[inline(always)]
+    pub fn bucket_of(ns: u64) -> usize {
+        let (mut lo, mut hi) = (0usize, BOUNDS_NS.len());
+        for _ in 0..7 {
+            if lo < hi {
+                let mid = (lo + hi) / 2;
+                match BOUNDS_NS.get(mid) {
+                    Some(&bound) if ns <= bound => hi = mid,
+                    Some(_) => lo = mid + 1,
+                    None => break,
+                }
+            }
+        }
+        lo
+    }
+
+    /// Queue-depth buckets, as the daemon keeps them: bucket k counts depths in
+    /// (2^(k-1), 2^k], the last one everything above 2^(QD_BUCKETS-2).
+    pub const QD_BUCKETS: usize = 12;
+
+    #[inline(always)]
+    pub fn qd_bucket(depth: u32) -> usize {
+        let mut k = 0;
+        while k < QD_BUCKETS - 1 && depth > 1 << k {
+            k += 1;
+        }
+        k
+    }
+
+    /// Event paths counted per series: bit i set when event i (Q, G, I, D) fired; C always did.
+    pub const PATHS: usize = 16;
+}
+
+/// One (device, op) series of the in-kernel aggregation, per CPU. Bucket and path counters
+/// are u32 and wrap: the daemon folds differences every second, far below 2^32 IOs a CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeriesAgg {
+    pub requests: u64,
+    pub bytes: u64,
+    pub errors: u64,
+    /// Sum and count of the queue depths at issue (requests issued with one known).
+    pub qd_sum: u64,
+    pub qd_count: u64,
+    /// Sum of each stage's ns (exact; Prometheus `_sum`).
+    pub stage_ns: [u64; agg::STAGES],
+    pub qd: [u32; agg::QD_BUCKETS],
+    pub paths: [u32; agg::PATHS],
+    pub hist: [[u32; agg::BUCKETS]; agg::STAGES],
+}
+
+impl Default for SeriesAgg {
+    fn default() -> SeriesAgg {
+        SeriesAgg {
+            requests: 0,
+            bytes: 0,
+            errors: 0,
+            qd_sum: 0,
+            qd_count: 0,
+            stage_ns: [0; agg::STAGES],
+            qd: [0; agg::QD_BUCKETS],
+            paths: [0; agg::PATHS],
+            hist: [[0; agg::BUCKETS]; agg::STAGES],
+        }
+    }
+}
+
+impl SeriesAgg {
+    /// `self + other`, counter by counter (wrapping, as the kernel's counters do).
+    pub fn wrapping_add(&self, other: &SeriesAgg) -> SeriesAgg {
+        self.zip(other, u64::wrapping_add, u32::wrapping_add)
+    }
+
+    /// `self - earlier`: what was counted since `earlier`.
+    pub fn wrapping_sub(&self, earlier: &SeriesAgg) -> SeriesAgg {
+        self.zip(earlier, u64::wrapping_sub, u32::wrapping_sub)
+    }
+
+    fn zip(&self, o: &SeriesAgg, f64_: fn(u64, u64) -> u64, f32_: fn(u32, u32) -> u32) -> SeriesAgg {
+        let mut r = *self;
+        r.requests = f64_(r.requests, o.requests);
+        r.bytes = f64_(r.bytes, o.bytes);
+        r.errors = f64_(r.errors, o.errors);
+        r.qd_sum = f64_(r.qd_sum, o.qd_sum);
+        r.qd_count = f64_(r.qd_count, o.qd_count);
+        for (a, b) in r.stage_ns.iter_mut().zip(o.stage_ns) {
+            *a = f64_(*a, b);
+        }
+        for (a, b) in r.qd.iter_mut().zip(o.qd) {
+            *a = f32_(*a, b);
+        }
+        for (a, b) in r.paths.iter_mut().zip(o.paths) {
+            *a = f32_(*a, b);
+        }
+        for (ha, hb) in r.hist.iter_mut().zip(o.hist) {
+            for (a, b) in ha.iter_mut().zip(hb) {
+                *a = f32_(*a, b);
+            }
+        }
+        r
+    }
 }
 
 /// How to find the device of a bio.
@@ -297,6 +460,9 @@ pub mod limits {
     pub const MAX_SUBMITTERS: u32 = 4_096;
     /// Ring buffer bytes (a power of two, multiple of the page size).
     pub const RINGBUF_BYTES: u32 = 8 << 20;
+    /// Devices the kernel aggregates for (`agg`): a series per op each, given out to devices
+    /// as they first do IO. Further devices' IO goes as records.
+    pub const SERIES_DEVICES: u32 = 32;
 }
 
 /// Names shared by the loader and the object: maps and the layout global.
@@ -308,6 +474,8 @@ pub mod names {
     pub const REQUESTS: &str = "REQUESTS";
     pub const DEVICES: &str = "DEVICES";
     pub const SETTINGS: &str = "SETTINGS";
+    pub const SERIES: &str = "SERIES";
+    pub const SERIES_OF: &str = "SERIES_OF";
 }
 
 #[cfg(feature = "user")]
@@ -322,4 +490,44 @@ mod user {
     unsafe impl aya::Pod for SubmitState {}
     unsafe impl<V: aya::Pod> aya::Pod for Slot<V> {}
     unsafe impl aya::Pod for Settings {}
+    unsafe impl aya::Pod for SeriesAgg {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::agg::*;
+
+    #[test]
+    fn bounds_are_r10_steps_with_every_prometheus_bound() {
+        assert_eq!(BOUNDS_NS[..4], [100, 125, 160, 200]);
+        for w in BOUNDS_NS.windows(2) {
+            assert!(w[0] < w[1] && w[1] * 100 <= w[0] * 128, "{w:?}");
+        }
+        assert_eq!(BOUNDS_NS[87], 50_000_000_000);
+        assert_eq!(BOUNDS_NS[88], 60_000_000_000);
+        // 1-2-5 from 1 us to 50 s, then 60 s: the daemon's Prometheus buckets.
+        for exp in 3..=10 {
+            for m in [1, 2, 5] {
+                let ns = m * 10u64.pow(exp);
+                assert!(BOUNDS_NS.contains(&ns) || ns > 50_000_000_000, "{ns}");
+            }
+        }
+    }
+
+    #[test]
+    fn bucket_of_is_the_first_bound_at_or_above() {
+        for ns in (0..2000).chain([59_999_999_999, 60_000_000_000, 60_000_000_001, u64::MAX]) {
+            let want = BOUNDS_NS.iter().position(|&b| ns <= b).unwrap_or(BOUNDS_NS.len());
+            assert_eq!(bucket_of(ns), want, "{ns}");
+        }
+        for (i, &b) in BOUNDS_NS.iter().enumerate() {
+            assert_eq!((bucket_of(b), bucket_of(b + 1)), (i, i + 1));
+        }
+    }
+
+    #[test]
+    fn qd_buckets_are_powers_of_two() {
+        let got: [usize; 9] = [0, 1, 2, 3, 4, 5, 1024, 1025, u32::MAX].map(qd_bucket);
+        assert_eq!(got, [0, 0, 1, 2, 2, 3, 10, 11, 11]);
+    }
 }

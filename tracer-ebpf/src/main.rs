@@ -12,6 +12,7 @@
 #![allow(internal_features)]
 #![feature(core_intrinsics)]
 
+mod aggregate;
 mod bio;
 mod kernel;
 mod maps;

@@ -9,7 +9,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use tracer_common::{
-    BioState, DeviceState, KernelLayout, RequestState, Settings, Slot, SubmitState, limits, lost,
+    BioState, DeviceState, KernelLayout, RequestState, SeriesAgg, Settings, Slot, SubmitState, agg, limits,
+    lost,
 };
 
 /// Struct offsets of the running kernel, written by the loader (read-only data).
@@ -34,7 +35,28 @@ pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(limits::RINGBUF_BYTE
 
 /// Start-up choices (read-only data).
 #[unsafe(no_mangle)]
-pub(crate) static SETTINGS: Settings = Settings { stacking: 0, wakeup_records: 0, all_devices: 0, _pad: 0 };
+pub(crate) static SETTINGS: Settings = Settings {
+    stacking: 0,
+    wakeup_records: 0,
+    all_devices: 0,
+    aggregate: 0,
+    op_mask: 0,
+    op_read: 0,
+    op_write: 0,
+    _pad: 0,
+};
+
+/// The in-kernel aggregation (`tracer_common::agg`): per CPU, one entry per (device series,
+/// op). Index: `(series - 1) * agg::OPS + op`.
+#[map]
+pub(crate) static SERIES: PerCpuArray<SeriesAgg> =
+    PerCpuArray::with_max_entries(limits::SERIES_DEVICES * agg::OPS, 0);
+
+/// Each traced device's series (1-based; 0 = none), indexed by `DeviceState::index`. Apart
+/// from `DEVICES` so that the daemon can give a busy device a series without rewriting its
+/// in-flight count.
+#[map]
+pub(crate) static SERIES_OF: Array<u32> = Array::with_max_entries(limits::MAX_DEVICES + 1, 0);
 
 /// Lower bios remapped by a stacked device, until their Q. Key: lower `struct bio *`;
 /// value: the upper `struct bio *`.
@@ -61,6 +83,13 @@ pub(crate) fn layout() -> &'static KernelLayout {
     let layout = &raw const LAYOUT;
     // SAFETY: a pointer to our own global, read back from the stack.
     unsafe { &*read_volatile(&layout) }
+}
+
+/// The start-up choices, read once per use (volatile: the loader's values, not the zeros).
+#[inline(always)]
+pub(crate) fn settings() -> Settings {
+    // SAFETY: a plain read of our own global.
+    unsafe { read_volatile(&SETTINGS) }
 }
 
 #[inline(always)]

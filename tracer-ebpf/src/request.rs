@@ -5,12 +5,15 @@ use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use tracer_common::{
-    DeviceState, IoRecord, KernelLayout, RequestState, event, flag, kernel_ts, kind, limits, lost,
+    DeviceState, IoRecord, KernelLayout, RequestState, agg, event, flag, kernel_ts, kind, limits, lost,
 };
 
 use crate::{
     kernel::{Mem, rq_disk, scalar},
-    maps::{BIOS, DEVICES, EVENTS, LINKS, REQUESTS, commit_flags, count_lost, is_traced, layout, stacking},
+    aggregate::aggregate,
+    maps::{
+        BIOS, DEVICES, EVENTS, LINKS, REQUESTS, commit_flags, count_lost, is_traced, layout, settings, stacking,
+    },
     slots::{copy_words, slot_claim_free, slot_free, slot_get, zero_words},
 };
 
@@ -203,13 +206,26 @@ pub(crate) fn on_rq_complete<M: Mem>(rq: u64, error: u32, nr_bytes: u32) {
         return;
     };
     // SAFETY: our slot's value until freed below.
-    let s = unsafe { &*state };
+    let s = unsafe { &mut *state };
     if s.record.flags & flag::CLONED != 0 && error == 0 && nr_bytes != 0 {
         // The clone's data completed this request's bytes; dm ends it later (zero bytes).
         return;
     }
+    let disk = DEVICES.get_ptr_mut(&s.record.disk);
     if s.issued != 0 {
-        add_in_flight(s.record.disk, -1);
+        if let Some(disk) = disk {
+            add_in_flight_at(disk, -1);
+        }
+    }
+    s.record.ts[event::C] = unsafe { bpf_ktime_get_ns() };
+    s.record.error = error;
+    let mode = settings().aggregate;
+    if mode != agg::mode::RECORDS && aggregate(&s.record, disk) {
+        if mode == agg::mode::KERNEL {
+            slot_free(state);
+            return;
+        }
+        s.record.flags |= flag::IN_KERNEL;
     }
     match EVENTS.reserve::<IoRecord>(0) {
         Some(mut entry) => {
@@ -218,8 +234,6 @@ pub(crate) fn on_rq_complete<M: Mem>(rq: u64, error: u32, nr_bytes: u32) {
             // SAFETY: the reserved entry is ours until submit.
             unsafe {
                 copy_words(rec, &raw const s.record);
-                (*rec).ts[event::C] = bpf_ktime_get_ns();
-                (*rec).error = error;
                 kernel_stamps::<M>(l, rq, &mut *rec);
             }
             entry.submit(commit_flags());

@@ -2,6 +2,7 @@
 
 use std::{net::SocketAddr, path::PathBuf};
 
+use crate::kernel::tracer::Aggregation;
 use clap::{Args, Parser, Subcommand, ValueEnum, builder::PossibleValue};
 
 use crate::model::stage::Stage;
@@ -56,6 +57,11 @@ pub enum Command {
         /// Address for /metrics and /healthz [default: 127.0.0.1:9560, or the config's `listen`].
         #[arg(long, value_name = "ADDR:PORT")]
         listen: Option<SocketAddr>,
+        /// Where reads and writes are counted: `kernel` (per CPU in the kernel, folded every
+        /// second: no record per IO), `records` (every IO crosses the ring buffer), or `check`
+        /// (both, compared series by series on exit; exit status 1 if they differ).
+        #[arg(long, value_enum, default_value_t = Aggregation::Kernel)]
+        aggregation: Aggregation,
         #[command(flatten)]
         trace: TraceArgs,
     },

@@ -5,5 +5,6 @@ pub mod btf;
 pub mod hooks;
 pub mod layout;
 pub mod record;
+pub mod series;
 pub mod session;
 pub mod tracer;

@@ -53,7 +53,7 @@ fn settings(
     let selection = Selection { names: config.include.clone(), exclude: config.exclude.clone() };
     // The kernel skips its device filter only when every device is traced.
     let all_devices = config.include.is_empty() && config.exclude.is_empty();
-    let opts = LoadOptions { ring_buffer_bytes: config.ring_buffer_bytes, all_devices };
+    let opts = LoadOptions { ring_buffer_bytes: config.ring_buffer_bytes, all_devices, ..Default::default() };
     Ok((config, selection, opts))
 }
 
@@ -61,8 +61,9 @@ async fn dispatch(command: Command, color: ColorWhen) -> Result<()> {
     // Text output is coloured only by the rule in `style` (for stdout).
     let style = Style::stdout(color);
     match command {
-        Command::Run { listen, trace } => {
-            let (config, selection, opts) = settings(trace, listen)?;
+        Command::Run { listen, aggregation, trace } => {
+            let (config, selection, mut opts) = settings(trace, listen)?;
+            opts.aggregation = aggregation;
             run::run(config.listen, config.series, &config.http, config.stale_after, selection, opts).await
         }
         Command::Report { duration, json, by, hist, save, trace } => {

@@ -35,6 +35,9 @@ tracepoint:block:block_rq_complete /@start[args->dev, args->sector]/ {
 enum Variant {
     None,
     TracerdRun,
+    /// The agent with every IO as a record (`--aggregation records`), as before the kernel
+    /// aggregated: what in-kernel aggregation saves.
+    TracerdRunRecords,
     TracerdSnoop,
     TracerdReport,
     Biolatency,
@@ -46,6 +49,7 @@ impl Variant {
         match self {
             Variant::None => "no tracer",
             Variant::TracerdRun => "tracerd run",
+            Variant::TracerdRunRecords => "run (records)",
             Variant::TracerdSnoop => "tracerd snoop",
             Variant::TracerdReport => "tracerd report",
             Variant::Biolatency => "biolatency",
@@ -54,9 +58,10 @@ impl Variant {
     }
 }
 
-const ALL: [Variant; 6] = [
+const ALL: [Variant; 7] = [
     Variant::None,
     Variant::TracerdRun,
+    Variant::TracerdRunRecords,
     Variant::TracerdSnoop,
     Variant::TracerdReport,
     Variant::Biolatency,
@@ -230,9 +235,14 @@ impl Tracer {
         let file = |p: &Path| fs::File::create(p).map(Stdio::from);
         let (mut child, ready_file, ready) = match variant {
             Variant::None => return Ok(Tracer { child: None, programs: vec![], metrics: None, stderr: err }),
-            Variant::TracerdRun => (
+            Variant::TracerdRun | Variant::TracerdRunRecords => (
                 Command::new(tracerd_bin())
                     .args(["run", "--listen", &format!("127.0.0.1:{port}")])
+                    .args(if variant == Variant::TracerdRun {
+                        &[][..]
+                    } else {
+                        &["--aggregation", "records"]
+                    })
                     .stdout(file(&out)?)
                     .stderr(file(&err)?)
                     .spawn()?,
@@ -282,7 +292,8 @@ impl Tracer {
         }
         sleep(Duration::from_millis(500));
         let programs = bpf_programs()?.iter().map(|p| p.0).filter(|id| !before.contains(id)).collect();
-        let metrics = (variant == Variant::TracerdRun).then(|| format!("127.0.0.1:{port}"));
+        let metrics = matches!(variant, Variant::TracerdRun | Variant::TracerdRunRecords)
+            .then(|| format!("127.0.0.1:{port}"));
         Ok(Tracer { child: Some(child), programs, metrics, stderr: err })
     }
 
@@ -384,7 +395,7 @@ fn measure(
     let busy1 = machine_busy_ticks();
     let own1 = pid.and_then(process_ticks);
     let bpf1 = bpf_runtime(&tracer.programs)?;
-    let is_tracerd = matches!(variant, Variant::TracerdRun | Variant::TracerdSnoop | Variant::TracerdReport);
+    let is_tracerd = !matches!(variant, Variant::None | Variant::Biolatency | Variant::Bpftrace);
     let rss = if is_tracerd { pid.and_then(|p| status_kib(p, "VmHWM:")) } else { None };
     // One scrape: the total is the sum of the per-reason counters (`tracerd run` only).
     let lost_reasons = tracer.lost_reasons();

@@ -12,12 +12,13 @@ use aya::{
     Btf as AyaBtf, Ebpf, EbpfLoader,
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
 };
-use tracer_common::{BioState, DeviceState, RequestState, Settings, Slot, limits, lost, names};
+use tracer_common::{BioState, DeviceState, RequestState, Settings, Slot, agg, limits, lost, names};
 
 use crate::{
     kernel::btf::{Btf, VMLINUX},
     kernel::hooks::{HOOKS, HookStatus, KPROBES, kprobes_available, load_kprobe_programs},
     kernel::layout,
+    kernel::series::{DeviceIndex, SeriesTable},
     model::op::OpDecoder,
 };
 
@@ -30,6 +31,30 @@ pub struct LoadOptions {
     pub ring_buffer_bytes: Option<u32>,
     /// Every block device is traced (no --device): the kernel skips its device filter.
     pub all_devices: bool,
+    /// Where completed IO is aggregated.
+    pub aggregation: Aggregation,
+}
+
+/// Where completed reads and writes are counted (`run --aggregation`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Aggregation {
+    /// Every IO crosses the ring buffer as a record (report, snoop).
+    #[default]
+    Records,
+    /// In the kernel, per CPU, for devices with a series; the rest as records.
+    Kernel,
+    /// Both, and the daemon checks one against the other on exit (a test of the kernel side).
+    Check,
+}
+
+impl Aggregation {
+    fn mode(self) -> u32 {
+        match self {
+            Aggregation::Records => agg::mode::RECORDS,
+            Aggregation::Kernel => agg::mode::KERNEL,
+            Aggregation::Check => agg::mode::CHECK,
+        }
+    }
 }
 
 pub struct Tracer {
@@ -39,6 +64,10 @@ pub struct Tracer {
     pub ops: OpDecoder,
     /// Whether the kprobe programs are loaded (kprobes exist here).
     kprobes_loaded: bool,
+    /// Indices of the traced devices (`DeviceState::index`).
+    indices: DeviceIndex,
+    /// The in-kernel aggregation's series, given out to devices.
+    pub series: SeriesTable,
 }
 
 pub const CAP_SYS_ADMIN: u32 = 21;
@@ -117,10 +146,15 @@ impl Tracer {
         let ops = OpDecoder::from_btf(&btf)?;
         let aya_btf = AyaBtf::from_sys_fs().ok();
         let ring_bytes = opts.ring_buffer_bytes.unwrap_or(limits::RINGBUF_BYTES);
+        let (op_mask, op_read, op_write) = ops.kernel_numbers();
         let settings = Settings {
             stacking: kprobes_available() as u32,
             wakeup_records: wakeup_records(ring_bytes),
             all_devices: opts.all_devices as u32,
+            aggregate: opts.aggregation.mode(),
+            op_mask,
+            op_read,
+            op_write,
             _pad: 0,
         };
         let mut loader = EbpfLoader::new();
@@ -149,7 +183,9 @@ impl Tracer {
             }
             hooks.push(status);
         }
-        let mut tracer = Tracer { ebpf, hooks, ops, kprobes_loaded: false };
+        let series = SeriesTable::new(limits::SERIES_DEVICES);
+        let mut tracer =
+            Tracer { ebpf, hooks, ops, kprobes_loaded: false, indices: DeviceIndex::default(), series };
         tracer.load_kprobes();
         Ok(tracer)
     }
@@ -228,13 +264,30 @@ impl Tracer {
         let mut map: BpfHashMap<_, u32, DeviceState> =
             BpfHashMap::try_from(self.ebpf.map_mut(names::DEVICES).context("DEVICES map")?)?;
         let present: HashSet<u32> = map.keys().filter_map(Result::ok).collect();
-        for dev in present.difference(devs) {
+        let gone: Vec<u32> = present.difference(devs).copied().collect();
+        for dev in &gone {
             map.remove(dev)?;
         }
         for dev in devs.difference(&present) {
-            map.insert(dev, DeviceState::default(), 0).context("device map full")?;
+            let index = self.indices.take(*dev).context("device map full")?;
+            map.insert(dev, DeviceState { in_flight: 0, index }, 0).context("device map full")?;
+        }
+        for dev in gone {
+            self.series.release(&mut self.ebpf, dev, self.indices.get(dev))?;
+            self.indices.free(dev);
         }
         Ok(())
+    }
+
+    /// Gives `dev` a series of the in-kernel aggregation, if one is free; true if it has one.
+    pub fn give_series(&mut self, dev: u32) -> Result<bool> {
+        let Some(index) = self.indices.get(dev) else { return Ok(false) };
+        self.series.give(&mut self.ebpf, dev, index)
+    }
+
+    /// Hands what the kernel counted since the last fold to `f`, per (device, op).
+    pub fn fold_series(&mut self, f: impl FnMut(u32, u32, &tracer_common::SeriesAgg)) -> Result<()> {
+        self.series.fold(&self.ebpf, f)
     }
 
     /// Busy slots of the in-flight tables: (bios, requests).

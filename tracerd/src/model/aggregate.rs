@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use hdrhistogram::Histogram;
-use tracer_common::{IoRecord, kind, lost};
+use tracer_common::{IoRecord, SeriesAgg, agg, event, kind, lost};
 
 use crate::{
     model::layers::{LayerSplit, Phase},
@@ -292,13 +292,9 @@ impl Aggregator {
         layers: &[LayerSplit],
         name: impl Fn(u32) -> String,
     ) {
-        let known = self.names.len();
-        if let std::collections::hash_map::Entry::Vacant(slot) = self.names.entry(dev) {
-            if known >= self.limits.max_devices {
-                self.over_limit += 1;
-                return;
-            }
-            slot.insert(name(dev));
+        if !self.admit(dev, &name) {
+            self.over_limit += 1;
+            return;
         }
         for split in layers {
             self.names.entry(split.lower).or_insert_with(|| name(split.lower));
@@ -341,6 +337,54 @@ impl Aggregator {
         }
     }
 
+    /// Whether `dev` has series, or may get them within `max_devices`.
+    fn admit(&mut self, dev: u32, name: &impl Fn(u32) -> String) -> bool {
+        let known = self.names.len();
+        if let std::collections::hash_map::Entry::Vacant(slot) = self.names.entry(dev) {
+            if known >= self.limits.max_devices {
+                return false;
+            }
+            slot.insert(name(dev));
+        }
+        true
+    }
+
+    /// Adds what the kernel counted for `dev` and `op` since its last fold (in-kernel
+    /// aggregation). Each bucket's IOs go into the histogram at the bucket's middle: the
+    /// Prometheus buckets are unions of the kernel's, so they come out exact; quantiles are
+    /// within the kernel bucket's width. Sums are the kernel's exact ones.
+    pub fn add_kernel(&mut self, dev: u32, op: Op, counted: &SeriesAgg, name: impl Fn(u32) -> String) {
+        if !self.admit(dev, &name) {
+            self.over_limit += counted.requests;
+            return;
+        }
+        let stats = self.series.entry((dev, op)).or_default();
+        stats.requests += counted.requests;
+        stats.bytes += counted.bytes;
+        stats.errors += counted.errors;
+        for (path, &n) in counted.paths.iter().enumerate() {
+            stats.paths[path | 1 << event::C] += n as u64;
+        }
+        let qd = &mut stats.queue_depth;
+        for (b, &n) in qd.buckets.iter_mut().zip(&counted.qd) {
+            *b += n as u64;
+        }
+        qd.sum += counted.qd_sum;
+        qd.count += counted.qd_count;
+        for (k, buckets) in counted.hist.iter().enumerate() {
+            if buckets.iter().all(|&n| n == 0) {
+                continue;
+            }
+            let h = stats.stages[Stage::ALL[k].index()].get_or_insert_with(StageHist::new);
+            for (b, &n) in buckets.iter().enumerate() {
+                if n != 0 {
+                    h.hist.saturating_record_n(bucket_middle(b), n as u64);
+                }
+            }
+            h.sum_ns += counted.stage_ns[k];
+        }
+    }
+
     pub fn name(&self, dev: u32) -> &str {
         self.names.get(&dev).map_or("?", String::as_str)
     }
@@ -353,10 +397,39 @@ impl Aggregator {
     }
 }
 
+/// A value inside kernel bucket `b` (see `agg::BOUNDS_NS`); above the top, past the range.
+pub fn bucket_middle(b: usize) -> u64 {
+    let lo = if b == 0 { 0 } else { agg::BOUNDS_NS[b - 1] };
+    match agg::BOUNDS_NS.get(b) {
+        Some(&hi) => lo + (hi - lo) / 2,
+        None => u64::MAX,
+    }
+}
+
+/// Counts a request record the way the kernel's aggregation does, with the daemon's own stage
+/// and path definitions: what `run --aggregation check` holds the kernel's counters against.
+pub fn count_like_the_kernel(a: &mut SeriesAgg, rec: &IoRecord) {
+    a.requests += 1;
+    a.bytes += rec.bytes as u64;
+    a.errors += (rec.error != 0) as u64;
+    if rec.queue_depth != 0 {
+        a.qd_sum += rec.queue_depth as u64;
+        a.qd_count += 1;
+        a.qd[agg::qd_bucket(rec.queue_depth)] += 1;
+    }
+    a.paths[path_mask(rec) & (agg::PATHS - 1)] += 1;
+    Stage::each_of(rec, |stage, ns| {
+        let k = stage.index();
+        if k < agg::STAGES {
+            a.stage_ns[k] += ns;
+            a.hist[k][agg::bucket_of(ns)] += 1;
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tracer_common::event;
 
     fn request(q: u64, d: u64, c: u64, bytes: u32, qd: u32) -> IoRecord {
         let mut r = IoRecord { kind: kind::REQUEST, bytes, queue_depth: qd, ..Default::default() };
@@ -445,6 +518,31 @@ mod tests {
         assert_eq!(s.submit.as_ref().unwrap().sum_ns, 3000);
         assert_eq!(s.personality.as_ref().unwrap().count(), 1);
         assert_eq!(a.name(10), "dev10");
+    }
+
+    #[test]
+    fn kernel_counts_fold_into_the_same_series_as_records() {
+        let recs = [request(1000, 5000, 105_000, 4096, 1), request(1000, 5000, 2_001_000, 512, 3)];
+        let (mut by_records, mut by_kernel) = (Aggregator::new(false), Aggregator::new(false));
+        let mut counted = SeriesAgg::default();
+        for r in &recs {
+            by_records.add(1, Op::Read, r, &[], |_| "loop0".into());
+            count_like_the_kernel(&mut counted, r);
+        }
+        by_kernel.add_kernel(1, Op::Read, &counted, |_| "loop0".into());
+        let (a, b) = (&by_records.series[&(1, Op::Read)], &by_kernel.series[&(1, Op::Read)]);
+        assert_eq!(
+            (a.requests, a.bytes, a.paths, &a.queue_depth.buckets),
+            (b.requests, b.bytes, b.paths, &b.queue_depth.buckets)
+        );
+        for stage in &Stage::ALL[..agg::STAGES] {
+            let (x, y) = (a.stage(*stage), b.stage(*stage));
+            assert_eq!(x.map(|h| (h.count(), h.sum_ns)), y.map(|h| (h.count(), h.sum_ns)), "{stage:?}");
+        }
+        // D2C of 1.996 ms lands in the kernel's (1.6, 2] ms bucket; its middle is 1.8 ms.
+        assert_eq!(b.stage(Stage::D2c).unwrap().hist.max() / 10_000, 180);
+        assert_eq!(bucket_middle(0), 50);
+        assert_eq!(bucket_middle(agg::BUCKETS - 1), u64::MAX);
     }
 
     #[test]

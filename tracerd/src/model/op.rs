@@ -69,6 +69,11 @@ impl OpDecoder {
         })
     }
 
+    /// (op mask, REQ_OP_READ, REQ_OP_WRITE): what the kernel side needs to tell ops apart.
+    pub fn kernel_numbers(&self) -> (u32, u32, u32) {
+        (self.op_mask, self.read, self.write)
+    }
+
     pub fn op(&self, cmd_flags: u32) -> Op {
         match cmd_flags & self.op_mask {
             v if v == self.read => Op::Read,

@@ -89,6 +89,16 @@ impl Resolved {
     }
 
     /// The traced device a record counts towards, or None if it belongs to no target.
+    /// The devices that count as series of their own.
+    pub fn targets(&self) -> impl Iterator<Item = u32> + '_ {
+        self.targets.iter().copied()
+    }
+
+    /// Whether `dev` counts as a series of its own.
+    pub fn is_target(&self, dev: u32) -> bool {
+        self.targets.contains(&dev)
+    }
+
     pub fn target_of(&self, rec: &IoRecord) -> Option<u32> {
         if rec.dev != 0 && self.targets.contains(&rec.dev) {
             return Some(rec.dev);

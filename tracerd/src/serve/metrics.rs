@@ -34,6 +34,10 @@ pub struct State {
     pub programs: ProgramTotals,
     /// Busy entries of the kernel's in-flight tables (bios, requests), sampled periodically.
     pub in_flight: (u64, u64),
+    /// Where reads and writes are aggregated (`run --aggregation`).
+    pub aggregation: &'static str,
+    /// Devices with a series of the in-kernel aggregation, and how many it has.
+    pub kernel_series: (usize, usize),
 }
 
 /// Escapes a label value (backslash, double quote, newline).
@@ -199,6 +203,19 @@ pub fn render(state: &State) -> String {
     );
     let _ = writeln!(out, "tracerd_in_flight_entries{{table=\"bios\"}} {}", state.in_flight.0);
     let _ = writeln!(out, "tracerd_in_flight_entries{{table=\"requests\"}} {}", state.in_flight.1);
+    header(
+        &mut out,
+        "tracerd_kernel_series",
+        "gauge",
+        "Devices whose reads and writes the kernel aggregates itself (state=used), of how many \
+         it can (state=capacity); other IO crosses the ring buffer as records.",
+    );
+    let _ = writeln!(out, "tracerd_kernel_series{{state=\"used\"}} {}", state.kernel_series.0);
+    let _ = writeln!(out, "tracerd_kernel_series{{state=\"capacity\"}} {}", state.kernel_series.1);
+    if !state.aggregation.is_empty() {
+        header(&mut out, "tracerd_aggregation_info", "gauge", "Where reads and writes are aggregated.");
+        let _ = writeln!(out, "tracerd_aggregation_info{{mode=\"{}\"}} 1", state.aggregation);
+    }
     header(&mut out, "tracerd_records_total", "counter", "Records read from the kernel ring buffer.");
     let _ = writeln!(out, "tracerd_records_total {}", state.records);
     header(

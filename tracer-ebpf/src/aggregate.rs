@@ -1,0 +1,106 @@
+//! In-kernel aggregation for the agent: a completed read or write of a device with a series is
+//! counted into this CPU's `SeriesAgg` (stages, queue depth, path), instead of crossing the
+//! ring buffer as a record. The daemon folds the per-CPU counters into its histograms.
+
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
+
+use tracer_common::{DeviceState, IoRecord, SeriesAgg, agg, event, flag};
+
+use crate::maps::{DEVICES, SERIES, SERIES_OF, settings};
+
+/// Adds to a per-CPU counter. Atomic (a local, uncontended cache line) because a program run
+/// in task context can be preempted by another on the same CPU on preemptible kernels.
+#[inline(always)]
+fn add<T: Copy>(counter: *mut T, n: T) {
+    // SAFETY: a counter inside a map value; Relaxed lowers to BPF's non-fetching atomic add.
+    unsafe { atomic_xadd::<T, T, { AtomicOrdering::Relaxed }>(counter, n) };
+}
+
+/// The series index of a device (`SERIES_OF` by its `DeviceState::index`); 0 = none.
+#[inline(always)]
+fn series_of(dev: *const DeviceState) -> u32 {
+    // SAFETY: map value pointer from a successful lookup.
+    let index = unsafe { (*dev).index };
+    match SERIES_OF.get(index) {
+        Some(&series) => series,
+        None => 0,
+    }
+}
+
+/// Counts a completed request into its device's series. False when it has none (no series
+/// given out yet, an op other than read and write, a stacked device's IO whose record the
+/// daemon must join): the caller sends it as a record.
+pub(crate) fn aggregate(rec: &IoRecord, disk: Option<*mut DeviceState>) -> bool {
+    let s = settings();
+    let op = match rec.cmd_flags & s.op_mask {
+        o if o == s.op_read => agg::READ,
+        o if o == s.op_write => agg::WRITE,
+        _ => return false,
+    };
+    if rec.parent != 0 || rec.flags & flag::CLONED != 0 {
+        return false;
+    }
+    // The series the daemon counts the IO towards: its partition's when that has one (it was
+    // selected), else its disk's.
+    let mut series = 0;
+    if rec.dev != 0 && rec.dev != rec.disk {
+        if let Some(part) = DEVICES.get_ptr(&rec.dev) {
+            series = series_of(part);
+        }
+    }
+    if series == 0 {
+        if let Some(disk) = disk {
+            series = series_of(disk);
+        }
+    }
+    if series == 0 {
+        return false;
+    }
+    let Some(a) = SERIES.get_ptr_mut((series - 1) * agg::OPS + op) else {
+        return false;
+    };
+    count(a, rec);
+    true
+}
+
+#[inline(always)]
+fn count(a: *mut SeriesAgg, rec: &IoRecord) {
+    // SAFETY: `a` is this CPU's value of a SERIES entry; every index below is bounded.
+    unsafe {
+        add(&raw mut (*a).requests, 1);
+        add(&raw mut (*a).bytes, rec.bytes as u64);
+        if rec.error != 0 {
+            add(&raw mut (*a).errors, 1);
+        }
+        if rec.queue_depth != 0 {
+            add(&raw mut (*a).qd_sum, rec.queue_depth as u64);
+            add(&raw mut (*a).qd_count, 1);
+            if let Some(b) = (*a).qd.get_mut(agg::qd_bucket(rec.queue_depth)) {
+                add(b, 1);
+            }
+        }
+        let ts = &rec.ts;
+        let fired = |e: usize| (ts[e] != 0) as usize;
+        let path = fired(event::Q) | fired(event::G) << 1 | fired(event::I) << 2 | fired(event::D) << 3;
+        if let Some(p) = (*a).paths.get_mut(path & (agg::PATHS - 1)) {
+            add(p, 1);
+        }
+        // The daemon's stage definitions (model::stage): an interval exists where both of its
+        // events fired; G2D only for requests never inserted.
+        let (q, g, i, d, c) = (ts[event::Q], ts[event::G], ts[event::I], ts[event::D], ts[event::C]);
+        let stages: [(u64, u64); agg::STAGES] =
+            [(q, g), (g, i), (i, d), (if i == 0 { g } else { 0 }, d), (q, d), (d, c), (q, c)];
+        for (k, (from, to)) in stages.into_iter().enumerate() {
+            if from == 0 || to == 0 {
+                continue;
+            }
+            let ns = to.saturating_sub(from);
+            if let (Some(sum), Some(h)) = ((*a).stage_ns.get_mut(k), (*a).hist.get_mut(k)) {
+                add(sum, ns);
+                if let Some(b) = h.get_mut(agg::bucket_of(ns)) {
+                    add(b, 1);
+                }
+            }
+        }
+    }
+}
