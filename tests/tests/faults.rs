@@ -66,7 +66,9 @@ fn a_tiny_ring_buffer_loses_visibly_and_traced_plus_lost_is_issued() {
     let dev = LoopDevice::new(256);
     // 4 KiB holds 26 records. The reader is stopped while the IO runs, so the ring buffer fills
     // however fast or slow the machine is, and the rest must be counted as lost.
-    let agent = Tracerd::run(&["--device", &dev.name, "--ring-buffer-bytes", "4096"]);
+    // Records, not the kernel's own counters: this is about the ring buffer.
+    let agent =
+        Tracerd::run(&["--device", &dev.name, "--ring-buffer-bytes", "4096", "--aggregation", "records"]);
     let issued = 20_000;
     // SAFETY: signalling our own child.
     unsafe { libc::kill(agent.pid(), libc::SIGSTOP) };
@@ -76,23 +78,31 @@ fn a_tiny_ring_buffer_loses_visibly_and_traced_plus_lost_is_issued() {
     let counts = || {
         let m = agent.metrics();
         let traced = m.get("tracerd_io_requests_total", &[("device", &dev.name), ("op", "read")]) as u64;
-        (traced, m.get("tracerd_events_lost_total", &[("reason", "ringbuf_full")]) as u64, m)
+        let lost = m.sum("tracerd_events_lost_total", &[]) as u64;
+        (traced, lost, m)
     };
     let settled = eventually(|| {
         let (t, l, _) = counts();
         t + l == issued
     });
     let (traced, lost, m) = counts();
-    assert!(settled, "traced {traced} + ringbuf_full {lost} != issued {issued} (waited {HANG:?})");
-    assert!(lost > 0, "a 4 KiB ring buffer at queue depth 32 lost nothing: the test proves nothing");
-    let other: f64 = m.sum("tracerd_events_lost_total", &[]) - lost as f64;
-    assert_eq!(other, 0.0, "only ringbuf_full: {:?}", m.samples);
+    assert!(settled, "traced {traced} + lost {lost} != issued {issued} (waited {HANG:?}): {:?}", m.samples);
+    let full = m.get("tracerd_events_lost_total", &[("reason", "ringbuf_full")]) as u64;
+    assert!(full > 0, "a 4 KiB ring buffer at queue depth 32 lost nothing: the test proves nothing");
+    // The one other way an IO of this test can go unrecorded is the kernel not running the
+    // completion program (README, "missed_completion"): about 1 in 100,000 IOs, counted when
+    // its request is issued again, or by the stale sweep if it was among the last.
+    let missed = ["missed_completion", "stale_request"]
+        .map(|r| m.get("tracerd_events_lost_total", &[("reason", r)]) as u64)
+        .iter()
+        .sum::<u64>();
+    assert_eq!(full + missed, lost, "only ringbuf_full and missed completions: {:?}", m.samples);
     assert_eq!(
         http_get(agent.addr.as_deref().unwrap(), "/healthz").map(|(s, _)| s),
         Some(200),
         "still serving"
     );
-    eprintln!("tiny ring buffer: {traced} traced + {lost} ringbuf_full = {issued} issued");
+    eprintln!("tiny ring buffer: {traced} traced + {full} ringbuf_full + {missed} missed = {issued} issued");
 }
 
 #[test]
