@@ -1,16 +1,32 @@
 //! Human-readable numbers for terminal output: the unit is chosen per value.
 
-/// Nanoseconds as `850ns`, `12.3µs`, `4.56ms`, `1.23s`.
-pub fn duration_ns(ns: f64) -> String {
-    if ns < 1e3 {
-        format!("{ns:.0}ns")
-    } else if ns < 1e6 {
-        format!("{:.1}µs", ns / 1e3)
-    } else if ns < 1e9 {
-        format!("{:.2}ms", ns / 1e6)
-    } else {
-        format!("{:.2}s", ns / 1e9)
+/// Nanoseconds as `850ns`, `12.3µs`, `4.56ms`, `1.23s`, without allocating; honours width and
+/// alignment (`{:>8}`).
+pub struct Duration(pub f64);
+
+impl std::fmt::Display for Duration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use std::io::Write as _;
+        let ns = self.0;
+        let mut buf = [0u8; 32];
+        let mut cur = std::io::Cursor::new(&mut buf[..]);
+        let _ = if ns < 1e3 {
+            write!(cur, "{ns:.0}ns")
+        } else if ns < 1e6 {
+            write!(cur, "{:.1}µs", ns / 1e3)
+        } else if ns < 1e9 {
+            write!(cur, "{:.2}ms", ns / 1e6)
+        } else {
+            write!(cur, "{:.2}s", ns / 1e9)
+        };
+        let n = cur.position() as usize;
+        f.pad(std::str::from_utf8(&buf[..n]).unwrap_or("?"))
     }
+}
+
+/// [`Duration`] as a `String`.
+pub fn duration_ns(ns: f64) -> String {
+    Duration(ns).to_string()
 }
 
 /// Bytes with binary prefixes: `512B`, `4.0KiB`, `1.5MiB`.

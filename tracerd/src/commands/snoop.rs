@@ -30,19 +30,25 @@ struct Printer<W: Write> {
     style: Style,
     ops: OpDecoder,
     names: HashMap<u32, String>,
+    /// RWBS text per `cmd_flags` (a handful of distinct values).
+    rwbs: HashMap<u32, String>,
     error: Option<std::io::Error>,
 }
 
 impl<W: Write> Printer<W> {
     fn emit(&mut self, io: &Io, topo: &Topology) {
         let name: &String = self.names.entry(io.target).or_insert_with(|| topo.name_of(io.target));
-        let line = line(name, io, &self.ops, topo);
         let r = if self.json {
+            let line = line(name, io, &self.ops, topo);
             serde_json::to_writer(&mut self.out, &line)
                 .map_err(std::io::Error::from)
                 .and_then(|_| writeln!(self.out))
         } else {
-            write_text(&mut self.out, &line, self.style)
+            // Text is what an engineer watches live at full IO rate: built from the record with
+            // no allocation per IO (snoop's own CPU per IO is its cost to the host).
+            let ops = &self.ops;
+            let rwbs = self.rwbs.entry(io.rec.cmd_flags).or_insert_with(|| ops.rwbs(io.rec.cmd_flags));
+            write_text(&mut self.out, &TextLine::of(name, rwbs, io, ops), self.style)
         };
         if let Err(e) = r {
             self.error.get_or_insert(e);
@@ -172,6 +178,65 @@ pub fn line<'a>(device: &'a str, io: &Io<'a>, ops: &OpDecoder, topo: &Topology) 
 const COLUMNS: [Stage; 7] =
     [Stage::Q2g, Stage::G2i, Stage::I2d, Stage::G2d, Stage::D2c, Stage::Q2c, Stage::Q2m];
 
+/// One IO as a text line: borrowed and fixed-size fields only.
+pub struct TextLine<'a> {
+    pub device: &'a str,
+    pub comm: &'a str,
+    pub pid: u32,
+    pub op: Op,
+    pub rwbs: &'a str,
+    pub sector: u64,
+    pub bytes: u32,
+    pub queue_depth: u32,
+    /// The events that fired, as blktrace letters ("QGDC").
+    pub path: ([u8; 6], usize),
+    pub stages: [Option<u64>; COLUMNS.len()],
+    pub error: u32,
+}
+
+impl<'a> TextLine<'a> {
+    pub fn of(device: &'a str, rwbs: &'a str, io: &Io<'a>, ops: &OpDecoder) -> TextLine<'a> {
+        let rec = io.rec;
+        let mut path = ([0u8; 6], 0);
+        for (e, c) in [
+            (event::Q, b'Q'),
+            (event::G, b'G'),
+            (event::I, b'I'),
+            (event::D, b'D'),
+            (event::C, b'C'),
+            (event::M, b'M'),
+        ] {
+            if rec.ts[e] != 0 {
+                path.0[path.1] = c;
+                path.1 += 1;
+            }
+        }
+        let mut stages = [None; COLUMNS.len()];
+        Stage::each_of(rec, |s, ns| {
+            if let Some(i) = COLUMNS.iter().position(|&c| c == s) {
+                stages[i] = Some(ns);
+            }
+        });
+        TextLine {
+            device,
+            comm: comm(rec),
+            pid: rec.pid,
+            op: ops.op(rec.cmd_flags),
+            rwbs,
+            sector: rec.sector,
+            bytes: rec.bytes,
+            queue_depth: rec.queue_depth,
+            path,
+            stages,
+            error: rec.error,
+        }
+    }
+
+    fn path(&self) -> &str {
+        std::str::from_utf8(&self.path.0[..self.path.1]).unwrap_or("?")
+    }
+}
+
 /// The column headings, bold where `style` colours.
 pub fn write_header(out: &mut dyn Write, style: Style) -> std::io::Result<()> {
     let mut h = format!(
@@ -185,7 +250,7 @@ pub fn write_header(out: &mut dyn Write, style: Style) -> std::io::Result<()> {
 }
 
 /// One IO as a line of columns; an IO that completed with an error is red where `style` colours.
-pub fn write_text(out: &mut dyn Write, l: &SnoopLine, style: Style) -> std::io::Result<()> {
+pub fn write_text(out: &mut dyn Write, l: &TextLine, style: Style) -> std::io::Result<()> {
     if l.error != 0 && style.is_on() {
         let mut text = Vec::new();
         write_columns(&mut text, l)?;
@@ -196,7 +261,7 @@ pub fn write_text(out: &mut dyn Write, l: &SnoopLine, style: Style) -> std::io::
     writeln!(out)
 }
 
-fn write_columns(out: &mut dyn Write, l: &SnoopLine) -> std::io::Result<()> {
+fn write_columns(out: &mut dyn Write, l: &TextLine) -> std::io::Result<()> {
     write!(
         out,
         "{:<12} {:<15} {:>7} {:<10} {:<5} {:>12} {:>7} {:>4} {:<6}",
@@ -208,11 +273,11 @@ fn write_columns(out: &mut dyn Write, l: &SnoopLine) -> std::io::Result<()> {
         l.sector,
         l.bytes,
         l.queue_depth,
-        l.path
+        l.path()
     )?;
-    for s in COLUMNS {
-        match l.stages_ns.get(&s) {
-            Some(&ns) => write!(out, " {:>8}", units::duration_ns(ns as f64))?,
+    for stage in l.stages {
+        match stage {
+            Some(ns) => write!(out, " {:>8}", units::Duration(ns as f64))?,
             None => write!(out, " {:>8}", "-")?,
         }
     }
@@ -234,6 +299,7 @@ pub async fn snoop(
         style,
         ops: session.tracer.ops,
         names: HashMap::new(),
+        rwbs: HashMap::new(),
         error: None,
     };
     if !json {
@@ -273,29 +339,20 @@ mod tests {
     use super::*;
 
     fn text(error: u32, style: Style) -> String {
-        let l = SnoopLine {
-            kind: "request",
+        let mut stages = [None; COLUMNS.len()];
+        stages[4] = Some(12_345);
+        let l = TextLine {
             device: "loop0",
-            submitted_to: None,
+            comm: "iogen",
+            pid: 42,
             op: Op::Read,
-            rwbs: "R".into(),
+            rwbs: "R",
             sector: 8,
             bytes: 4096,
             queue_depth: 1,
-            pid: 42,
-            comm: "iogen",
-            path: "QGDC".into(),
-            requeued: false,
-            split: false,
+            path: (*b"QGDC\0\0", 4),
+            stages,
             error,
-            events_ns: BTreeMap::new(),
-            kernel_ns: BTreeMap::new(),
-            stages_ns: BTreeMap::from([(Stage::D2c, 12_345)]),
-            id: None,
-            parent: None,
-            submit_ns: None,
-            personality_ns: None,
-            layers: vec![],
         };
         let mut out = Vec::new();
         write_text(&mut out, &l, style).unwrap();
