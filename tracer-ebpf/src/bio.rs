@@ -2,11 +2,11 @@
 //! of bios that never became a request (bio-based devices: md, dm, brd).
 
 use aya_ebpf::helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns};
-use tracer_common::{IoRecord, event, flag, kind, limits, lost};
+use tracer_common::{IoRecord, agg, event, flag, kind, limits, lost};
 
 use crate::{
     kernel::{Mem, bio_dev, current_comm},
-    maps::{BIOS, EVENTS, LINKS, commit_flags, count_lost, is_traced, layout, stacking},
+    maps::{BIOS, EVENTS, LINKS, commit_flags, count_lost, is_traced, layout, settings, stacking},
     slots::{copy_words, slot_claim, slot_free, slot_get, zero_words},
 };
 
@@ -29,11 +29,17 @@ pub(crate) fn on_bio_queue<M: Mem>(bio: u64) {
     state.submit_ns = 0;
     state.personality_ns = 0;
     state.dev = dev;
-    state.pid = bpf_get_current_pid_tgid() as u32;
     state.opf = M::read(bio, l.bio_bi_opf);
     state.bytes = M::read(bio, l.bio_bi_size);
     state.flags = 0;
-    state.comm = current_comm(l);
+    // Who queued the bio is shown per IO (snoop, report's captures); the agent never shows it.
+    if settings().aggregate == agg::mode::RECORDS {
+        state.pid = bpf_get_current_pid_tgid() as u32;
+        state.comm = current_comm(l);
+    } else {
+        state.pid = 0;
+        state.comm = [0; 16];
+    }
     state.parent = 0;
     if stacking() {
         // SAFETY: copy out of a map value.
