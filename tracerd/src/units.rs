@@ -4,24 +4,68 @@
 /// alignment (`{:>8}`).
 pub struct Duration(pub f64);
 
+impl Duration {
+    /// The text into `buf`, by integer arithmetic (rounding halves up): float formatting was
+    /// most of what `snoop` cost per IO.
+    pub fn text(self, buf: &mut [u8; 32]) -> &str {
+        let ns = self.0;
+        if !ns.is_finite() || ns < 0.0 {
+            let s = format!("{ns}ns");
+            let n = s.len().min(buf.len());
+            buf[..n].copy_from_slice(&s.as_bytes()[..n]);
+            return std::str::from_utf8(&buf[..n]).unwrap_or("?");
+        }
+        // In ns, tenths of a µs, or hundredths of a ms or s, rounded; a value that would round
+        // up to 1000 of a unit is shown in the next.
+        let (scale, decimals, unit) = if ns < 999.5 {
+            (1.0, 0, "ns")
+        } else if ns < 999_950.0 {
+            (1e2, 1, "µs")
+        } else if ns < 999_995_000.0 {
+            (1e4, 2, "ms")
+        } else {
+            (1e7, 2, "s")
+        };
+        let v = (ns / scale).round() as u64;
+        let mut n = 0;
+        let mut put = |bytes: &[u8]| {
+            buf[n..n + bytes.len()].copy_from_slice(bytes);
+            n += bytes.len();
+        };
+        let mut digits = [0u8; 20];
+        let pow = [1, 10, 100][decimals];
+        put(decimal(v / pow, &mut digits).as_bytes());
+        if decimals > 0 {
+            put(b".");
+            let frac = v % pow;
+            if decimals == 2 && frac < 10 {
+                put(b"0");
+            }
+            put(decimal(frac, &mut digits).as_bytes());
+        }
+        put(unit.as_bytes());
+        std::str::from_utf8(&buf[..n]).unwrap_or("?")
+    }
+}
+
 impl std::fmt::Display for Duration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use std::io::Write as _;
-        let ns = self.0;
-        let mut buf = [0u8; 32];
-        let mut cur = std::io::Cursor::new(&mut buf[..]);
-        let _ = if ns < 1e3 {
-            write!(cur, "{ns:.0}ns")
-        } else if ns < 1e6 {
-            write!(cur, "{:.1}µs", ns / 1e3)
-        } else if ns < 1e9 {
-            write!(cur, "{:.2}ms", ns / 1e6)
-        } else {
-            write!(cur, "{:.2}s", ns / 1e9)
-        };
-        let n = cur.position() as usize;
-        f.pad(std::str::from_utf8(&buf[..n]).unwrap_or("?"))
+        f.pad(Duration(self.0).text(&mut [0; 32]))
     }
+}
+
+/// `v` in decimal, into `buf`.
+pub fn decimal(mut v: u64, buf: &mut [u8; 20]) -> &str {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    std::str::from_utf8(&buf[i..]).unwrap_or("?")
 }
 
 /// [`Duration`] as a `String`.
@@ -69,6 +113,16 @@ mod tests {
         assert_eq!(duration_ns(12_345.0), "12.3µs");
         assert_eq!(duration_ns(4_560_000.0), "4.56ms");
         assert_eq!(duration_ns(1.234e9), "1.23s");
+        assert_eq!(duration_ns(999.4), "999ns");
+        assert_eq!(duration_ns(999.6), "1.0µs");
+        assert_eq!(duration_ns(999_949.0), "999.9µs");
+        assert_eq!(duration_ns(999_960.0), "1.00ms");
+        assert_eq!(duration_ns(999_996_000.0), "1.00s");
+        assert_eq!(duration_ns(1_005_000.0), "1.01ms");
+        assert_eq!(format!("[{:>8}]", Duration(12_345.0)), "[  12.3µs]");
+        assert_eq!(duration_ns(4_050_000.0), "4.05ms");
+        assert_eq!(duration_ns(0.0), "0ns");
+        assert_eq!(decimal(u64::MAX, &mut [0; 20]), u64::MAX.to_string());
         assert_eq!(bytes(512.0), "512B");
         assert_eq!(bytes(4096.0), "4.0KiB");
         assert_eq!(bytes(1.5 * 1024.0 * 1024.0), "1.5MiB");

@@ -251,37 +251,65 @@ pub fn write_header(out: &mut dyn Write, style: Style) -> std::io::Result<()> {
 
 /// One IO as a line of columns; an IO that completed with an error is red where `style` colours.
 pub fn write_text(out: &mut dyn Write, l: &TextLine, style: Style) -> std::io::Result<()> {
+    // The line is formatted in memory, then written once: padding goes out a character at a
+    // time, which through an io::Write is a call per character.
+    let mut text = String::with_capacity(160);
+    write_columns(&mut text, l);
     if l.error != 0 && style.is_on() {
-        let mut text = Vec::new();
-        write_columns(&mut text, l)?;
-        return writeln!(out, "{}", style.red(&String::from_utf8_lossy(&text)));
+        text = style.red(&text);
     }
-    // The common path writes straight into the (buffered) output: snoop runs per IO.
-    write_columns(out, l)?;
-    writeln!(out)
+    text.push('\n');
+    out.write_all(text.as_bytes())
 }
 
-fn write_columns(out: &mut dyn Write, l: &TextLine) -> std::io::Result<()> {
-    write!(
-        out,
-        "{:<12} {:<15} {:>7} {:<10} {:<5} {:>12} {:>7} {:>4} {:<6}",
-        l.device,
-        l.comm,
-        l.pid,
-        l.op.as_str(),
-        l.rwbs,
-        l.sector,
-        l.bytes,
-        l.queue_depth,
-        l.path()
-    )?;
+/// Text columns by hand: `write!` with widths pads a character at a time.
+fn write_columns(out: &mut String, l: &TextLine) {
+    let [mut d0, mut d1, mut d2, mut d3] = [[0u8; 20]; 4];
+    let mut dur = [0u8; 32];
+    let columns = [
+        (l.device, 12, Align::Left),
+        (l.comm, 15, Align::Left),
+        (units::decimal(l.pid as u64, &mut d0), 7, Align::Right),
+        (l.op.as_str(), 10, Align::Left),
+        (l.rwbs, 5, Align::Left),
+        (units::decimal(l.sector, &mut d1), 12, Align::Right),
+        (units::decimal(l.bytes as u64, &mut d2), 7, Align::Right),
+        (units::decimal(l.queue_depth as u64, &mut d3), 4, Align::Right),
+    ];
+    for (text, width, align) in columns {
+        pad(out, text, width, align);
+        out.push(' ');
+    }
+    pad(out, l.path(), 6, Align::Left);
     for stage in l.stages {
-        match stage {
-            Some(ns) => write!(out, " {:>8}", units::Duration(ns as f64))?,
-            None => write!(out, " {:>8}", "-")?,
+        out.push(' ');
+        let text = match stage {
+            Some(ns) => units::Duration(ns as f64).text(&mut dur),
+            None => "-",
+        };
+        pad(out, text, 8, Align::Right);
+    }
+}
+
+enum Align {
+    Left,
+    Right,
+}
+
+/// `s` padded with spaces to `width` characters (a wider `s` is kept whole).
+fn pad(out: &mut String, s: &str, width: usize, align: Align) {
+    const SPACES: &str = "                                ";
+    let fill = &SPACES[..width.saturating_sub(s.chars().count()).min(SPACES.len())];
+    match align {
+        Align::Left => {
+            out.push_str(s);
+            out.push_str(fill);
+        }
+        Align::Right => {
+            out.push_str(fill);
+            out.push_str(s);
         }
     }
-    Ok(())
 }
 
 /// Prints every IO until SIGINT/SIGTERM, `duration`, or a closed stdout.
