@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::Result;
 use serde::Serialize;
-use tracer_common::{bio_dev_path, limits, rq_disk_path};
+use tracer_common::{SeriesAgg, agg, bio_dev_path, limits, rq_disk_path};
 
 use crate::{
     kernel::btf::{Btf, VMLINUX},
@@ -138,6 +138,7 @@ fn run_checks(load: bool) -> Vec<Check> {
     checks.extend(kprobe_checks(kprobes_available(), &symbols, &devices, &module_state, attached));
 
     checks.push(ring_buffer_check(privileged, create_ring_buffer));
+    checks.push(aggregation_check(aya::util::nr_cpus().map_or(1, |n| n)));
     checks.push(load_check(&load_test));
     checks.push(bpf_stats_check(read_sysctl("bpf_stats_enabled").as_deref()));
     checks.push(unprivileged_bpf_check(read_sysctl("unprivileged_bpf_disabled").as_deref()));
@@ -601,6 +602,25 @@ fn ring_buffer_check(privileged: bool, create: impl FnOnce(u32) -> std::io::Resu
     }
 }
 
+/// What `run`'s in-kernel aggregation takes on this machine (its per-CPU series are allocated
+/// at load, whether devices use them or not).
+fn aggregation_check(cpus: usize) -> Check {
+    let per_series = std::mem::size_of::<SeriesAgg>();
+    let per_cpu = per_series * (limits::SERIES_DEVICES * agg::OPS) as usize;
+    Check::new(
+        "aggregation",
+        Status::Ok,
+        format!(
+            "`run` counts reads and writes in the kernel for up to {} devices (then as records): {} \
+             per series and CPU, {} per CPU, {} on this machine's {cpus} CPUs",
+            limits::SERIES_DEVICES,
+            units::bytes(per_series as f64),
+            units::bytes(per_cpu as f64),
+            units::bytes((per_cpu * cpus) as f64),
+        ),
+    )
+}
+
 fn load_check(test: &LoadTest) -> Check {
     match test {
         LoadTest::Skipped => Check::new(
@@ -767,6 +787,18 @@ mod tests {
 
     fn check(name: &str, status: Status) -> Check {
         Check::new(name, status, format!("{name} detail"))
+    }
+
+    #[test]
+    fn aggregation_states_its_memory_per_cpu_and_here() {
+        let c = aggregation_check(2);
+        assert_eq!(c.status, Status::Ok);
+        // 2,728 bytes per series; 32 devices x 2 ops per CPU.
+        assert!(
+            c.detail.contains("2.7KiB per series and CPU, 170.5KiB per CPU, 341.0KiB on"),
+            "{}",
+            c.detail
+        );
     }
 
     #[test]
