@@ -400,6 +400,67 @@ fn parse_labels(s: &str) -> BTreeMap<String, String> {
     }
 }
 
+/// IOs whose completion the kernel did not run tracerd's program for (README, Overhead:
+/// `missed_completion`, about 1 in 50,000 IOs on this project's host, never seen in the VM).
+/// tracerd counts each when its request is issued again, or as `stale_request` if it was among
+/// the last. A test's exact per-IO assertions cannot hold in a run with one; such a test checks
+/// instead that traced + missed is what was issued, says so ([`note_missed`]), and skips them.
+pub fn missed_completions(m: &Metrics) -> u64 {
+    ["missed_completion", "stale_request"]
+        .map(|r| m.get("tracerd_events_lost_total", &[("reason", r)]) as u64)
+        .iter()
+        .sum()
+}
+
+/// [`missed_completions`] from the `lost` object of `report --json` or a capture.
+pub fn missed_in_lost(lost: &serde_json::Value) -> u64 {
+    ["missed_completion", "stale_request"].iter().filter_map(|r| lost[*r].as_u64()).sum()
+}
+
+/// [`missed_completions`] from `report`'s text (`lost events: missed_completion 1, ...`) or
+/// `snoop`'s exit warning (`lost events: [("missed_completion", 1)]`).
+pub fn missed_in_text(text: &str) -> u64 {
+    let Some(line) = text.lines().rev().find(|l| l.contains("lost events:")) else { return 0 };
+    let line = crate::strip_escapes(line);
+    ["missed_completion", "stale_request"]
+        .iter()
+        .filter_map(|r| {
+            let rest = &line[line.find(r)? + r.len()..];
+            rest.trim_start_matches(['"', ',', ' '])
+                .split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+fn strip_escapes(s: &str) -> String {
+    let mut out = String::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Says that a test skipped its exact per-IO assertions because of [`missed_completions`].
+pub fn note_missed(test: &str, missed: u64) {
+    eprintln!(
+        "{test}: the kernel did not run tracerd's completion program for {missed} IO(s) (counted \
+         as missed completions; README, Overhead): traced + missed == issued was checked, the \
+         exact per-IO assertions are skipped in this run"
+    );
+}
+
 /// How long a test waits for something that must happen before it calls it a hang. Only a
 /// hang may fail a test on time: no assertion depends on how fast the IO or tracerd runs, so
 /// this is far above what the slowest machine (a TCG guest on a loaded host) needs.
@@ -430,5 +491,20 @@ mod tests {
         assert_eq!(m.get("up", &[]), 1.0);
         assert_eq!(m.sum("h_bucket", &[("le", "+Inf")]), 2.0);
         assert_eq!(m.get("missing", &[]), 0.0);
+    }
+
+    #[test]
+    fn missed_completions_from_every_output() {
+        let m = Metrics::parse(
+            "tracerd_events_lost_total{reason=\"missed_completion\"} 2\ntracerd_events_lost_total{reason=\"stale_request\"} 1\ntracerd_events_lost_total{reason=\"ringbuf_full\"} 5\n",
+        );
+        assert_eq!(missed_completions(&m), 3);
+        assert_eq!(missed_in_lost(&serde_json::json!({"missed_completion": 1, "ringbuf_full": 4})), 1);
+        assert_eq!(
+            missed_in_text("x\nlost events: \x1b[31mmissed_completion 2, stale_request 1\x1b[39m\n"),
+            3
+        );
+        assert_eq!(missed_in_text("WARN lost events: [(\"missed_completion\", 4)]"), 4);
+        assert_eq!(missed_in_text("lost events: none"), 0);
     }
 }
