@@ -59,8 +59,8 @@ pub mod lost {
     /// The map linking lower bios to their upper bio was full at a remap.
     pub const LINK_MAP_FULL: u32 = 4;
     /// A request was issued (or inserted) again while its last issue was still open, with no
-    /// requeue between: that issue's completion was never seen (the kernel skips a program run
-    /// nested over the same program on one CPU, see `recursion` in the daemon's reasons).
+    /// requeue between: that issue's completion was never seen (a nested run the kernel skipped,
+    /// counted as `recursion` too, or a run it did not make at all: README, Overhead).
     pub const MISSED_COMPLETION: u32 = 5;
     pub const KERNEL_COUNT: u32 = 6;
 }
