@@ -86,20 +86,32 @@ fn count(a: *mut SeriesAgg, rec: &IoRecord) {
             add(p, 1);
         }
         // The daemon's stage definitions (model::stage): an interval exists where both of its
-        // events fired; G2D only for requests never inserted.
+        // events fired; G2D only for requests never inserted. One call per stage: an array of
+        // intervals would be copied by a byte-loop memmove on the BPF target.
         let (q, g, i, d, c) = (ts[event::Q], ts[event::G], ts[event::I], ts[event::D], ts[event::C]);
-        let stages: [(u64, u64); agg::STAGES] =
-            [(q, g), (g, i), (i, d), (if i == 0 { g } else { 0 }, d), (q, d), (d, c), (q, c)];
-        for (k, (from, to)) in stages.into_iter().enumerate() {
-            if from == 0 || to == 0 {
-                continue;
-            }
-            let ns = to.saturating_sub(from);
-            if let (Some(sum), Some(h)) = ((*a).stage_ns.get_mut(k), (*a).hist.get_mut(k)) {
-                add(sum, ns);
-                if let Some(b) = h.get_mut(agg::bucket_of(ns)) {
-                    add(b, 1);
-                }
+        count_stage(a, 0, q, g);
+        count_stage(a, 1, g, i);
+        count_stage(a, 2, i, d);
+        count_stage(a, 3, if i == 0 { g } else { 0 }, d);
+        count_stage(a, 4, q, d);
+        count_stage(a, 5, d, c);
+        count_stage(a, 6, q, c);
+    }
+}
+
+/// Counts stage `k` (index into `SeriesAgg::hist`) if both of its events fired.
+#[inline(always)]
+fn count_stage(a: *mut SeriesAgg, k: usize, from: u64, to: u64) {
+    if from == 0 || to == 0 {
+        return;
+    }
+    let ns = to.saturating_sub(from);
+    // SAFETY: `a` is this CPU's value of a SERIES entry; the indices are bounded.
+    unsafe {
+        if let (Some(sum), Some(h)) = ((*a).stage_ns.get_mut(k), (*a).hist.get_mut(k)) {
+            add(sum, ns);
+            if let Some(b) = h.get_mut(agg::bucket_of(ns)) {
+                add(b, 1);
             }
         }
     }

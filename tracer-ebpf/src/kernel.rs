@@ -4,7 +4,9 @@
 
 use core::ffi::c_void;
 
-use aya_ebpf::helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel, generated::bpf_get_current_task};
+use aya_ebpf::helpers::{
+    bpf_get_current_pid_tgid, bpf_probe_read_kernel, bpf_probe_read_kernel_buf, generated::bpf_get_current_task,
+};
 use tracer_common::{KernelLayout, bio_dev_path, rq_disk_path};
 
 /// A kernel pointer as a plain number, for hashing and map keys. tp_btf programs hold typed
@@ -18,14 +20,15 @@ pub(crate) fn scalar(ptr: u64) -> u64 {
     unsafe { bpf_probe_read_kernel(&raw const spilled) }.unwrap_or(0)
 }
 
-/// The current task's name: one read at `task_struct.comm` (bpf_get_current_comm copies it
-/// string-wise, at several times the cost, on every bio).
+/// The current task's name, read straight into `dst`: one read at `task_struct.comm`
+/// (bpf_get_current_comm copies it string-wise, at several times the cost, on every bio). The
+/// kernel zeroes `dst` if the read fails; no zeroed copy on the stack (a byte-loop memset).
 #[inline(always)]
-pub(crate) fn current_comm(l: &KernelLayout) -> [u8; 16] {
-    // SAFETY: bpf_probe_read_kernel checks the address; the current task is live.
+pub(crate) fn read_current_comm(l: &KernelLayout, dst: &mut [u8; 16]) {
+    // SAFETY: bpf_probe_read_kernel_buf checks the address; the current task is live.
     unsafe {
         let task = bpf_get_current_task();
-        bpf_probe_read_kernel((task + l.task_comm as u64) as *const [u8; 16]).unwrap_or_default()
+        let _ = bpf_probe_read_kernel_buf((task + l.task_comm as u64) as *const u8, dst);
     }
 }
 

@@ -9,12 +9,13 @@ use tracer_common::{
 };
 
 use crate::{
-    kernel::{Mem, rq_disk, scalar},
     aggregate::aggregate,
+    kernel::{Mem, rq_disk, scalar},
     maps::{
-        BIOS, DEVICES, EVENTS, LINKS, REQUESTS, commit_flags, count_lost, is_traced, layout, settings, stacking,
+        BIOS, DEVICES, EVENTS, LINKS, REQUESTS, commit_flags, count_lost, is_traced, layout, settings,
+        stacking,
     },
-    slots::{copy_words, slot_claim_free, slot_free, slot_get, zero_words},
+    slots::{copy_comm, copy_words, slot_claim_free, slot_free, slot_get, zero_words},
 };
 
 /// Front merges followed from a request's first bio back to the bio that allocated it.
@@ -44,7 +45,7 @@ pub(crate) fn init_request_record<M: Mem>(l: &KernelLayout, rq: u64, id: u64, di
             rec.ts[event::G] = b.getrq_ns;
             rec.dev = b.dev;
             rec.pid = b.pid;
-            rec.comm = b.comm;
+            copy_comm(&mut rec.comm, &b.comm);
             rec.flags = b.flags;
             rec.parent = b.parent;
             slot_free(state);

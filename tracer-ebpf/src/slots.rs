@@ -91,3 +91,16 @@ pub(crate) unsafe fn zero_words<T>(dst: *mut T) {
         unsafe { write_volatile(d.add(i), 0) };
     }
 }
+
+/// Copies a task name (16 bytes at 8-aligned offsets of our structs) as two words: a plain
+/// `[u8; 16]` assignment compiles to a call of the byte-loop memmove.
+#[inline(always)]
+pub(crate) fn copy_comm(dst: &mut [u8; 16], src: &[u8; 16]) {
+    // SAFETY: both are `comm` fields of tracer_common structs, 8-aligned (checked there).
+    unsafe {
+        write_volatile(
+            (dst as *mut [u8; 16]).cast::<[u64; 2]>(),
+            read_volatile((src as *const [u8; 16]).cast::<[u64; 2]>()),
+        )
+    };
+}
