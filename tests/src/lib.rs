@@ -406,15 +406,15 @@ fn parse_labels(s: &str) -> BTreeMap<String, String> {
 /// the last. A test's exact per-IO assertions cannot hold in a run with one; such a test checks
 /// instead that traced + missed is what was issued, says so ([`note_missed`]), and skips them.
 pub fn missed_completions(m: &Metrics) -> u64 {
-    ["missed_completion", "stale_request"]
-        .map(|r| m.get("tracerd_events_lost_total", &[("reason", r)]) as u64)
-        .iter()
-        .sum()
+    MISSED_REASONS.map(|r| m.get("tracerd_events_lost_total", &[("reason", r)]) as u64).iter().sum()
 }
+
+/// The lost-event reasons of a missed completion: seen at the request's next issue, or swept.
+pub const MISSED_REASONS: [&str; 2] = ["missed_completion", "stale_request"];
 
 /// [`missed_completions`] from the `lost` object of `report --json` or a capture.
 pub fn missed_in_lost(lost: &serde_json::Value) -> u64 {
-    ["missed_completion", "stale_request"].iter().filter_map(|r| lost[*r].as_u64()).sum()
+    MISSED_REASONS.iter().filter_map(|r| lost[*r].as_u64()).sum()
 }
 
 /// [`missed_completions`] from `report`'s text (`lost events: missed_completion 1, ...`) or
@@ -422,7 +422,7 @@ pub fn missed_in_lost(lost: &serde_json::Value) -> u64 {
 pub fn missed_in_text(text: &str) -> u64 {
     let Some(line) = text.lines().rev().find(|l| l.contains("lost events:")) else { return 0 };
     let line = crate::strip_escapes(line);
-    ["missed_completion", "stale_request"]
+    MISSED_REASONS
         .iter()
         .filter_map(|r| {
             let rest = &line[line.find(r)? + r.len()..];

@@ -95,10 +95,7 @@ fn a_tiny_ring_buffer_loses_visibly_and_traced_plus_lost_is_issued() {
     // The one other way an IO of this test can go unrecorded is the kernel not running the
     // completion program (README, "missed_completion"): about 1 in 100,000 IOs, counted when
     // its request is issued again, or by the stale sweep if it was among the last.
-    let missed = ["missed_completion", "stale_request"]
-        .map(|r| m.get("tracerd_events_lost_total", &[("reason", r)]) as u64)
-        .iter()
-        .sum::<u64>();
+    let missed = missed_completions(&m);
     assert_eq!(full + missed, lost, "only ringbuf_full and missed completions: {:?}", m.samples);
     assert_eq!(
         http_get(agent.addr.as_deref().unwrap(), "/healthz").map(|(s, _)| s),

@@ -352,13 +352,7 @@ fn diff_of_saved_captures_at_qd1_and_qd32_matches_the_captures() {
     save_capture(&dev, &b, Workload { write: false, count: N, size: 4096, qd: 32 });
     let missed: u64 = [&a, &b]
         .iter()
-        .map(|f| {
-            let lost = &Capture::load(f.as_ref()).unwrap().lost;
-            ["missed_completion", "stale_request"]
-                .iter()
-                .map(|r| lost.get(*r).copied().unwrap_or(0))
-                .sum::<u64>()
-        })
+        .map(|f| missed_in_lost(&serde_json::json!(Capture::load(f.as_ref()).unwrap().lost)))
         .sum();
     if missed > 0 {
         note_missed("diff_of_saved_captures_at_qd1_and_qd32_matches_the_captures", missed);

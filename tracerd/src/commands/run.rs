@@ -93,7 +93,7 @@ pub async fn run(
             r = session.read(on_io) => r?,
             _ = tick.tick() => {
                 ticks += 1;
-                fold_kernel(&mut session, &state, &check)?;
+                fold_kernel(&mut session, &state, (aggregation == Aggregation::Check).then_some(&check))?;
                 for dev in wants_series.borrow_mut().drain() {
                     if session.resolved.is_target(dev) {
                         session.tracer.give_series(dev)?;
@@ -132,7 +132,7 @@ pub async fn run(
         // Every IO done before the signal has its record in the ring buffer and its counts in
         // the kernel: take both, then compare.
         session.drain_now(on_io);
-        fold_kernel(&mut session, &state, &check)?;
+        fold_kernel(&mut session, &state, (aggregation == Aggregation::Check).then_some(&check))?;
         let topo = session.topo.clone();
         check.borrow().verdict(|d| topo.name_of(d))?;
     }
@@ -164,14 +164,17 @@ fn aggregation_name(a: Aggregation) -> &'static str {
 }
 
 /// Adds what the kernel counted since the last fold to the series (and to the check).
-fn fold_kernel(session: &mut Session, state: &Mutex<State>, check: &RefCell<Check>) -> Result<()> {
+/// `check` is None unless `--aggregation check`.
+fn fold_kernel(session: &mut Session, state: &Mutex<State>, check: Option<&RefCell<Check>>) -> Result<()> {
     let topo = &session.topo;
     let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
-    let mut check = check.borrow_mut();
+    let mut check = check.map(RefCell::borrow_mut);
     session.tracer.fold_series(|dev, op, counted| {
         let op = if op == agg::READ { Op::Read } else { Op::Write };
         st.agg.add_kernel(dev, op, counted, |d| topo.name_of(d));
-        check.count_kernel(dev, op, counted);
+        if let Some(check) = check.as_mut() {
+            check.count_kernel(dev, op, counted);
+        }
     })
 }
 

@@ -17,7 +17,7 @@ use crate::{
     model::layers::Phase,
     model::op::{Op, OpDecoder},
     model::selection::Selection,
-    model::stage::{Stage, path},
+    model::stage::{Stage, path, path_letters},
     model::topology::Topology,
     style::Style,
     units,
@@ -197,20 +197,6 @@ pub struct TextLine<'a> {
 impl<'a> TextLine<'a> {
     pub fn of(device: &'a str, rwbs: &'a str, io: &Io<'a>, ops: &OpDecoder) -> TextLine<'a> {
         let rec = io.rec;
-        let mut path = ([0u8; 6], 0);
-        for (e, c) in [
-            (event::Q, b'Q'),
-            (event::G, b'G'),
-            (event::I, b'I'),
-            (event::D, b'D'),
-            (event::C, b'C'),
-            (event::M, b'M'),
-        ] {
-            if rec.ts[e] != 0 {
-                path.0[path.1] = c;
-                path.1 += 1;
-            }
-        }
         let mut stages = [None; COLUMNS.len()];
         Stage::each_of(rec, |s, ns| {
             if let Some(i) = COLUMNS.iter().position(|&c| c == s) {
@@ -226,7 +212,7 @@ impl<'a> TextLine<'a> {
             sector: rec.sector,
             bytes: rec.bytes,
             queue_depth: rec.queue_depth,
-            path,
+            path: path_letters(rec),
             stages,
             error: rec.error,
         }

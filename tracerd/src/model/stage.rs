@@ -86,11 +86,27 @@ impl Stage {
 
 /// The events a request went through, as blktrace letters ("QGIDC", "GDC", ...).
 pub fn path(rec: &IoRecord) -> String {
-    [(event::Q, 'Q'), (event::G, 'G'), (event::I, 'I'), (event::D, 'D'), (event::C, 'C'), (event::M, 'M')]
-        .iter()
-        .filter(|(e, _)| rec.ts[*e] != 0)
-        .map(|(_, c)| *c)
-        .collect()
+    let (letters, n) = path_letters(rec);
+    String::from_utf8_lossy(&letters[..n]).into_owned()
+}
+
+/// [`path`] without allocating: the letters, and how many there are.
+pub fn path_letters(rec: &IoRecord) -> ([u8; event::COUNT], usize) {
+    let mut out = ([0u8; event::COUNT], 0);
+    for (e, c) in [
+        (event::Q, b'Q'),
+        (event::G, b'G'),
+        (event::I, b'I'),
+        (event::D, b'D'),
+        (event::C, b'C'),
+        (event::M, b'M'),
+    ] {
+        if rec.ts[e] != 0 {
+            out.0[out.1] = c;
+            out.1 += 1;
+        }
+    }
+    out
 }
 
 #[cfg(test)]
