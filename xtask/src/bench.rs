@@ -92,6 +92,8 @@ struct Sample {
     cpu_ns_per_io: f64,
     bpf_ns_per_io: Option<f64>,
     bpf_programs: usize,
+    /// With stats on: each program's (BPF ns, runs) per IO, by name: where the BPF time goes.
+    bpf_by_program: BTreeMap<String, (f64, f64)>,
     tracer_cpu_ns_per_io: Option<f64>,
     tracer_rss_kib: Option<u64>,
     lost: Option<u64>,
@@ -182,8 +184,25 @@ fn bpf_programs() -> Result<Vec<(u64, String, u64, u64)>> {
     Ok(out)
 }
 
-fn bpf_runtime(ids: &[u64]) -> Result<u64> {
-    Ok(bpf_programs()?.iter().filter(|p| ids.contains(&p.0)).map(|p| p.2).sum())
+/// (name, run_time_ns, run_cnt) of each of these programs.
+fn bpf_runtimes(ids: &[u64]) -> Result<Vec<(String, u64, u64)>> {
+    Ok(bpf_programs()?.into_iter().filter(|p| ids.contains(&p.0)).map(|p| (p.1, p.2, p.3)).collect())
+}
+
+/// Each program's (run time, runs) per IO between two readings, by program name.
+fn per_program(
+    before: &[(String, u64, u64)],
+    after: &[(String, u64, u64)],
+    ios: u64,
+) -> BTreeMap<String, (f64, f64)> {
+    let mut out = BTreeMap::new();
+    for (name, rt, rc) in after {
+        let (rt0, rc0) = before.iter().find(|b| &b.0 == name).map_or((0, 0), |b| (b.1, b.2));
+        let e: &mut (f64, f64) = out.entry(name.clone()).or_default();
+        e.0 += rt.saturating_sub(rt0) as f64 / ios.max(1) as f64;
+        e.1 += rc.saturating_sub(rc0) as f64 / ios.max(1) as f64;
+    }
+    out
 }
 
 /// A running tracer: its process and the BPF programs it loaded.
@@ -388,13 +407,13 @@ fn measure(
 ) -> Result<Sample> {
     let tracer = Tracer::start(variant, 9599)?;
     let pid = tracer.pid();
-    let bpf0 = bpf_runtime(&tracer.programs)?;
+    let bpf0 = bpf_runtimes(&tracer.programs)?;
     let busy0 = machine_busy_ticks();
     let own0 = pid.and_then(process_ticks);
     let (iops, ios) = fio(dev, w, seconds)?;
     let busy1 = machine_busy_ticks();
     let own1 = pid.and_then(process_ticks);
-    let bpf1 = bpf_runtime(&tracer.programs)?;
+    let bpf1 = bpf_runtimes(&tracer.programs)?;
     let is_tracerd = !matches!(variant, Variant::None | Variant::Biolatency | Variant::Bpftrace);
     let rss = if is_tracerd { pid.and_then(|p| status_kib(p, "VmHWM:")) } else { None };
     // One scrape: the total is the sum of the per-reason counters (`tracerd run` only).
@@ -404,12 +423,15 @@ fn measure(
     let mut tracer = tracer;
     let lost_snoop = tracer.stop()?;
     let per_io = |v: f64| v / ios.max(1) as f64;
+    let by_program = per_program(&bpf0, &bpf1, ios);
+    let bpf_total: f64 = by_program.values().map(|p| p.0).sum();
     Ok(Sample {
         iops,
         ios,
         cpu_ns_per_io: per_io((busy1 - busy0) as f64 * 1e9 / tck),
-        bpf_ns_per_io: (variant != Variant::None && stats == Stats::On).then(|| per_io((bpf1 - bpf0) as f64)),
+        bpf_ns_per_io: (variant != Variant::None && stats == Stats::On).then_some(bpf_total),
         bpf_programs: programs,
+        bpf_by_program: if stats == Stats::On { by_program } else { BTreeMap::new() },
         tracer_cpu_ns_per_io: if is_tracerd {
             own0.zip(own1).map(|(a, b)| per_io((b - a) as f64 * 1e9 / tck))
         } else {
@@ -758,6 +780,29 @@ fn summarize(results: &Results, costs: &Results, soak: &Soak, records: &str) -> 
                     programs,
                     fmt_ns(med(samples, |s| s.bpf_ns_per_io))
                 );
+                // The profile behind the total: which program costs what, and how often it
+                // runs per IO (a tracer with more hooks pays per hook).
+                let mut names: Vec<&String> = samples.iter().flat_map(|s| s.bpf_by_program.keys()).collect();
+                names.sort();
+                names.dedup();
+                let parts: Vec<String> = names
+                    .iter()
+                    .map(|n| {
+                        let of = |i: usize| {
+                            let v: Vec<f64> = samples
+                                .iter()
+                                .filter_map(|s| s.bpf_by_program.get(*n))
+                                .map(|p| [p.0, p.1][i])
+                                .collect();
+                            (!v.is_empty()).then(|| median(v))
+                        };
+                        let (ns, runs) = (of(0), of(1));
+                        format!("{n} {} x{:.2}", fmt_ns(ns), runs.unwrap_or(0.0))
+                    })
+                    .collect();
+                if !parts.is_empty() {
+                    let _ = writeln!(out, "{:<18}   per program (ns/IO, runs/IO): {}", "", parts.join(", "));
+                }
             }
             let bpf = |v| costs.get(&(w.clone(), v)).and_then(|s| med(s, |s| s.bpf_ns_per_io));
             if let (Some(t), Some(b)) = (bpf(Variant::TracerdRun), bpf(Variant::Biolatency)) {
