@@ -189,6 +189,25 @@ pub struct Tracerd {
     pub stdout: PathBuf,
     pub stderr: PathBuf,
     pub addr: Option<String>,
+    /// The agent's API socket (`run`), or the one a view looked for an agent on.
+    pub socket: Option<PathBuf>,
+}
+
+/// The args with a socket of this test's own when they name none: tests run in parallel, and
+/// each agent must serve its own socket, each view find only the agent it was given.
+pub fn with_own_socket(args: &[&str]) -> (Vec<String>, Option<PathBuf>) {
+    let mut out: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let takes_socket = args.first().is_some_and(|c| ["run", "report", "snoop"].contains(c));
+    if let Some(at) = args.iter().position(|a| *a == "--socket") {
+        return (out, args.get(at + 1).map(PathBuf::from));
+    }
+    if !takes_socket {
+        return (out, None);
+    }
+    let socket = std::env::temp_dir().join(unique("tracerd-api")).with_extension("sock");
+    out.push("--socket".into());
+    out.push(socket.display().to_string());
+    (out, Some(socket))
 }
 
 pub fn free_port() -> u16 {
@@ -214,16 +233,18 @@ impl Tracerd {
             }
             None => Command::new(tracerd_bin()),
         };
+        let (args, socket) = with_own_socket(args);
         let child = cmd
-            .args(args)
+            .args(&args)
             .stdin(Stdio::null())
             .stdout(fs::File::create(&stdout).unwrap())
             .stderr(fs::File::create(&stderr).unwrap())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", tracerd_bin().display()));
-        let mut t = Tracerd { child, stdout, stderr, addr: None };
-        // The session's line, logged once every hook is attached and the devices are set.
-        t.wait_for_stderr("hooks; tracing");
+        let mut t = Tracerd { child, stdout, stderr, addr: None, socket };
+        // The session's line, logged once every hook is attached and the devices are set; a
+        // view that found an agent says so instead.
+        t.wait_for_stderr(&["hooks; tracing", "reading from the running agent"]);
         t
     }
 
@@ -247,18 +268,18 @@ impl Tracerd {
         fs::read_to_string(&self.stdout).unwrap_or_default()
     }
 
-    fn wait_for_stderr(&mut self, needle: &str) {
+    fn wait_for_stderr(&mut self, needles: &[&str]) {
         let deadline = Instant::now() + HANG;
         loop {
-            if self.stderr_text().contains(needle) {
+            if needles.iter().any(|n| self.stderr_text().contains(n)) {
                 return;
             }
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("tracerd exited ({status}) before '{needle}':\n{}", self.stderr_text());
+                panic!("tracerd exited ({status}) before any of {needles:?}:\n{}", self.stderr_text());
             }
             assert!(
                 Instant::now() < deadline,
-                "tracerd never logged '{needle}' (waited {HANG:?}: a hang):\n{}",
+                "tracerd never logged any of {needles:?} (waited {HANG:?}: a hang):\n{}",
                 self.stderr_text()
             );
             std::thread::sleep(Duration::from_millis(50));
@@ -312,7 +333,8 @@ impl Drop for Tracerd {
 
 /// Runs tracerd to completion (for error cases): (exit status, stdout, stderr).
 pub fn tracerd_output(args: &[&str]) -> (ExitStatus, String, String) {
-    let out = Command::new(tracerd_bin()).args(args).stdin(Stdio::null()).output().expect("spawn tracerd");
+    let (args, _) = with_own_socket(args);
+    let out = Command::new(tracerd_bin()).args(&args).stdin(Stdio::null()).output().expect("spawn tracerd");
     (out.status, String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
 }
 

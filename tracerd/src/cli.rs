@@ -45,6 +45,10 @@ pub struct TraceArgs {
     /// Settings file (TOML; every key in tracerd.example.toml). Flags win over it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<std::path::PathBuf>,
+    /// The agent's API socket: where `run` serves it, where the views look for a running agent
+    /// [default: /run/tracerd/tracerd.sock, or the config's api.socket].
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -67,12 +71,27 @@ pub enum Command {
     },
     /// Capture for a while, then print per-device, per-operation stage tables.
     #[command(
-        after_help = "Examples:\n  sudo tracerd report --duration 10\n  sudo tracerd report --device nvme0n1 --by qd\n  sudo tracerd report --device nvme0n1 --hist d2c   # biolatency-style histogram of D2C\n  sudo tracerd report --duration 5 --json > capture.json\n  sudo tracerd report --device nvme0n1 --save before.json   # for tracerd diff"
+        after_help = "Examples:\n  sudo tracerd report --duration 10\n  sudo tracerd report --since 10m          # the last 10 minutes, from the running agent\n  sudo tracerd report --from 2026-11-30T14:00:00Z --to 2026-11-30T14:05:00Z\n  sudo tracerd report --device nvme0n1 --by qd\n  sudo tracerd report --device nvme0n1 --hist d2c   # biolatency-style histogram of D2C\n  sudo tracerd report --duration 5 --json > capture.json\n  sudo tracerd report --device nvme0n1 --save before.json   # for tracerd diff"
     )]
     Report {
         /// Capture length in seconds (SIGINT ends it early and still reports).
         #[arg(long, default_value_t = 10.0, value_name = "SECS", value_parser = parse_duration)]
         duration: f64,
+        /// Report the past instead: this long up to now, from the running agent's recorder
+        /// (30s, 10m, 1h30m).
+        #[arg(long, value_name = "SPAN", value_parser = crate::units::parse_span, conflicts_with_all = ["from", "to"])]
+        since: Option<f64>,
+        /// Report the agent's recorder from this time: RFC 3339 (2026-11-30T15:04:05Z) or a time
+        /// ago (10m, 1h ago).
+        #[arg(long, value_name = "TIME")]
+        from: Option<String>,
+        /// ... up to this time (same forms; default: now).
+        #[arg(long, value_name = "TIME", requires = "from")]
+        to: Option<String>,
+        /// Load tracerd's own programs even when an agent runs (by default, a running agent
+        /// is asked instead, so that the kernel runs one copy of them).
+        #[arg(long, conflicts_with_all = ["since", "from"])]
+        standalone: bool,
         /// Print JSON (schema in the README) instead of tables.
         #[arg(long)]
         json: bool,

@@ -10,6 +10,8 @@ use serde::Deserialize;
 use crate::{
     cli::DEFAULT_LISTEN,
     model::aggregate::{HistogramRange, SeriesLimits},
+    model::recorder::RecorderLimits,
+    serve::api,
 };
 
 /// The file as written: every key optional.
@@ -28,6 +30,24 @@ pub struct File {
     pub http: HttpSection,
     #[serde(default)]
     pub in_flight: InFlightSection,
+    #[serde(default)]
+    pub recorder: RecorderSection,
+    #[serde(default)]
+    pub api: ApiSection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecorderSection {
+    pub resolution_s: Option<u64>,
+    pub retention_s: Option<u64>,
+    pub max_bytes: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiSection {
+    pub socket: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -74,6 +94,7 @@ pub struct Flags {
     pub ring_buffer_bytes: Option<u32>,
     pub devices: Vec<String>,
     pub exclude: Vec<String>,
+    pub socket: Option<std::path::PathBuf>,
 }
 
 /// Every setting, resolved.
@@ -91,6 +112,10 @@ pub struct Config {
     pub http: HttpSecurity,
     /// An in-flight entry older than this is taken as a missed completion: evicted, counted.
     pub stale_after: Duration,
+    /// The agent's flight recorder.
+    pub recorder: RecorderLimits,
+    /// The agent's API socket (served by `run`, used by the views).
+    pub socket: std::path::PathBuf,
 }
 
 /// TLS and basic auth of the metrics endpoint, as the config names them (files are read and
@@ -114,6 +139,8 @@ impl Default for Config {
             series: SeriesLimits::default(),
             http: HttpSecurity::default(),
             stale_after: Duration::from_secs(120),
+            recorder: RecorderLimits::default(),
+            socket: api::DEFAULT_SOCKET.into(),
         }
     }
 }
@@ -221,7 +248,44 @@ pub fn resolve(file: File, flags: Flags) -> Result<Config> {
     if stale_after.as_secs() < 2 {
         bail!("in_flight.stale_after_s = {}: must be at least 2 (seconds)", stale_after.as_secs());
     }
-    Ok(Config { listen, ring_buffer_bytes, include, exclude, histogram, series, http, stale_after })
+    let r = &file.recorder;
+    let recorder = RecorderLimits {
+        resolution: Duration::from_secs(r.resolution_s.unwrap_or(d.recorder.resolution.as_secs())),
+        retention: Duration::from_secs(r.retention_s.unwrap_or(d.recorder.retention.as_secs())),
+        max_bytes: r.max_bytes.map_or(d.recorder.max_bytes, |b| b.min(usize::MAX as u64) as usize),
+    };
+    if !(1..=3600).contains(&recorder.resolution.as_secs()) {
+        bail!("recorder.resolution_s = {}: must be 1 to 3600 (seconds)", recorder.resolution.as_secs());
+    }
+    if recorder.retention < recorder.resolution || recorder.retention.as_secs() > 7 * 86_400 {
+        bail!(
+            "recorder.retention_s = {}: must be at least recorder.resolution_s ({}) and at most 604800 (a week)",
+            recorder.retention.as_secs(),
+            recorder.resolution.as_secs()
+        );
+    }
+    if recorder.max_bytes < 1 << 20 {
+        bail!("recorder.max_bytes = {}: must be at least 1048576 (1 MiB)", recorder.max_bytes);
+    }
+    let socket = match (flags.socket, file.api.socket) {
+        (Some(p), _) | (None, Some(p)) => p,
+        (None, None) => d.socket,
+    };
+    if !socket.is_absolute() {
+        bail!("api.socket = \"{}\": give an absolute path", socket.display());
+    }
+    Ok(Config {
+        listen,
+        ring_buffer_bytes,
+        include,
+        exclude,
+        histogram,
+        series,
+        http,
+        stale_after,
+        recorder,
+        socket,
+    })
 }
 
 /// A ring buffer size the kernel accepts: a power of two, at least a page.
@@ -266,6 +330,8 @@ mod tests {
         assert_eq!(c.histogram, HistogramRange::default());
         assert_eq!(c.series, SeriesLimits::default());
         assert_eq!(c.ring_buffer_bytes, Some(8 << 20));
+        assert_eq!(c.recorder, RecorderLimits::default());
+        assert_eq!(c.socket, Config::default().socket);
     }
 
     #[test]
@@ -308,6 +374,11 @@ mod tests {
             err("[http]\nbasic_auth_username = \"a:b\"\nbasic_auth_password_file = \"/p\"")
                 .contains("without ':'")
         );
+        assert!(err("[recorder]\nresolution_s = 0").contains("recorder.resolution_s = 0: must be 1 to 3600"));
+        assert!(err("[recorder]\nresolution_s = 10\nretention_s = 5").contains("recorder.retention_s = 5"));
+        assert!(err("[recorder]\nmax_bytes = 1000").contains("recorder.max_bytes = 1000"));
+        assert!(err("[api]\nsocket = \"tracerd.sock\"").contains("absolute path"));
+        assert!(err("[api]\nport = 1").contains("unknown field `port`"));
     }
 
     #[test]

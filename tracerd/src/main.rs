@@ -47,6 +47,7 @@ fn settings(
         ring_buffer_bytes: trace.ring_buffer_bytes,
         devices: trace.devices,
         exclude: trace.exclude,
+        socket: trace.socket,
     };
     let config = Config::load(trace.config.as_deref(), flags)?;
     aggregate::set_histogram_range(config.histogram);
@@ -64,12 +65,14 @@ async fn dispatch(command: Command, color: ColorWhen) -> Result<()> {
         Command::Run { listen, aggregation, trace } => {
             let (config, selection, mut opts) = settings(trace, listen)?;
             opts.aggregation = aggregation;
-            run::run(config.listen, config.series, &config.http, config.stale_after, selection, opts).await
+            run::run(&config, selection, opts).await
         }
-        Command::Report { duration, json, by, hist, save, trace } => {
-            let (_, selection, opts) = settings(trace, None)?;
+        Command::Report { duration, since, from, to, standalone, json, by, hist, save, trace } => {
+            let (config, selection, opts) = settings(trace, None)?;
             let view = report::View { json, by_qd: by == Some(By::Qd), hist, style };
-            report::report(duration, view, save.as_deref(), selection, opts).await
+            let source = report::Source::from_args(since, from.as_deref(), to.as_deref(), standalone)?;
+            let attach = report::Attach { source, socket: config.socket };
+            report::report(duration, view, save.as_deref(), selection, opts, attach).await
         }
         Command::Snoop { json, duration, trace } => {
             let (_, selection, opts) = settings(trace, None)?;

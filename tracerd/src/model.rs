@@ -1,9 +1,10 @@
 //! The IO model and aggregation: stages, ops, per-layer splits, histograms per series, the
-//! device topology and which devices are traced.
+//! device topology and which devices are traced, and the flight recorder of the past hour.
 
 pub mod aggregate;
 pub mod layers;
 pub mod op;
+pub mod recorder;
 pub mod selection;
 pub mod stage;
 pub mod topology;

@@ -1,5 +1,7 @@
-//! Serving: the HTTP listener, the Prometheus exposition, the process's own resource use.
+//! Serving: the agent's API socket, the HTTP listener, the Prometheus exposition, the
+//! process's own resource use.
 
+pub mod api;
 pub mod http;
 pub mod metrics;
 pub mod process;

@@ -1,4 +1,5 @@
-//! Human-readable numbers for terminal output: the unit is chosen per value.
+//! Human-readable numbers for terminal output (the unit is chosen per value), and times as
+//! people type them on the command line.
 
 /// Nanoseconds as `850ns`, `12.3µs`, `4.56ms`, `1.23s`, without allocating; honours width and
 /// alignment (`{:>8}`).
@@ -103,6 +104,123 @@ pub fn utc(unix_s: f64) -> String {
     format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
+/// A length of time as people type it: `90s`, `10m`, `1h30m`, `2d`, `1.5h`, or plain seconds.
+pub fn parse_span(text: &str) -> Result<f64, String> {
+    let bad = || format!("'{text}' is not a length of time: give it as 30s, 10m, 1h30m or 2d");
+    let s = text.trim();
+    if let Ok(v) = s.parse::<f64>() {
+        return (v > 0.0 && v.is_finite()).then_some(v).ok_or_else(bad);
+    }
+    let (mut total, mut rest) = (0.0, s);
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(bad)?;
+        let number: f64 = rest[..digits].parse().map_err(|_| bad())?;
+        let unit_len = rest[digits..].find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len() - digits);
+        let scale = match rest[digits..digits + unit_len].trim() {
+            "s" | "sec" | "secs" => 1.0,
+            "m" | "min" | "mins" => 60.0,
+            "h" | "hour" | "hours" => 3600.0,
+            "d" | "day" | "days" => 86_400.0,
+            _ => return Err(bad()),
+        };
+        total += number * scale;
+        rest = &rest[digits + unit_len..];
+    }
+    (total > 0.0 && total.is_finite()).then_some(total).ok_or_else(bad)
+}
+
+/// A point in time, in seconds since the Unix epoch: RFC 3339 (`2026-11-30T15:04:05Z`,
+/// `2026-11-30T16:04:05+01:00`), `now`, or a length of time ago (`10m`, `10m ago`, `-10m`).
+pub fn parse_time(text: &str, now: f64) -> Result<f64, String> {
+    let s = text.trim();
+    if s == "now" {
+        return Ok(now);
+    }
+    if s.len() >= 19 && s.as_bytes()[4] == b'-' {
+        return parse_rfc3339(s).ok_or_else(|| {
+            format!(
+                "'{text}' is not an RFC 3339 time such as 2026-11-30T15:04:05Z or 2026-11-30T16:04:05+01:00"
+            )
+        });
+    }
+    let ago = s.strip_prefix('-').or_else(|| s.strip_suffix("ago")).unwrap_or(s);
+    parse_span(ago).map(|span| now - span).map_err(|_| {
+        format!(
+            "'{text}' is not a time: give RFC 3339 (2026-11-30T15:04:05Z), `now`, or a time ago (10m, 1h ago)"
+        )
+    })
+}
+
+/// Days from 1970-01-01 to a date of the proleptic Gregorian calendar.
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
+    era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468
+}
+
+fn parse_rfc3339(s: &str) -> Option<f64> {
+    let b = s.as_bytes();
+    let num = |from: usize, len: usize| -> Option<i64> {
+        let part = s.get(from..from + len)?;
+        part.bytes().all(|c| c.is_ascii_digit()).then(|| part.parse().ok())?
+    };
+    let sep = |at: usize, c: &[u8]| b.get(at).is_some_and(|x| c.contains(x));
+    if !(sep(4, b"-") && sep(7, b"-") && sep(10, b"Tt ") && sep(13, b":") && sep(16, b":")) {
+        return None;
+    }
+    let (y, mo, d, h, mi, sec) = (num(0, 4)?, num(5, 2)?, num(8, 2)?, num(11, 2)?, num(14, 2)?, num(17, 2)?);
+    let leap = y % 4 == 0 && (y % 100 != 0 || y % 400 == 0);
+    let month_days = [31, if leap { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+    if !(1..=12).contains(&mo) || d < 1 || d > month_days[mo as usize - 1] || h > 23 || mi > 59 || sec > 60 {
+        return None;
+    }
+    let mut rest = &s[19..];
+    let mut frac = 0.0;
+    if let Some(f) = rest.strip_prefix('.') {
+        let n = f.find(|c: char| !c.is_ascii_digit()).unwrap_or(f.len());
+        if n == 0 {
+            return None;
+        }
+        frac = format!("0.{}", &f[..n]).parse().ok()?;
+        rest = &f[n..];
+    }
+    let offset = match rest {
+        "Z" | "z" => 0,
+        _ => {
+            let sign = match rest.as_bytes().first()? {
+                b'+' => 1,
+                b'-' => -1,
+                _ => return None,
+            };
+            let (oh, om) = (rest.get(1..3)?.parse::<i64>().ok()?, rest.get(4..6)?.parse::<i64>().ok()?);
+            if rest.len() != 6 || &rest[3..4] != ":" || oh > 23 || om > 59 {
+                return None;
+            }
+            sign * (oh * 3600 + om * 60)
+        }
+    };
+    Some((days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + sec - offset) as f64 + frac)
+}
+
+/// Seconds since the Unix epoch as RFC 3339 in UTC, to the second (`2026-11-30T15:04:05Z`).
+pub fn rfc3339(unix_s: f64) -> String {
+    let secs = unix_s.floor() as i64;
+    let (days, day_s) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // The inverse of days_from_civil (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + (m <= 2) as i64;
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", day_s / 3600, day_s % 3600 / 60, day_s % 60)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,5 +248,36 @@ mod tests {
         assert_eq!(utc(951_782_400.5), "2000-02-29 00:00:00 UTC");
         assert_eq!(utc(1_700_000_000.0), "2023-11-14 22:13:20 UTC");
         assert_eq!(utc(-5.0), "1970-01-01 00:00:00 UTC");
+    }
+
+    #[test]
+    fn spans_and_times_as_people_type_them() {
+        assert_eq!(parse_span("30"), Ok(30.0));
+        assert_eq!(parse_span("90s"), Ok(90.0));
+        assert_eq!(parse_span("10m"), Ok(600.0));
+        assert_eq!(parse_span("1h30m"), Ok(5400.0));
+        assert_eq!(parse_span("1.5h"), Ok(5400.0));
+        assert_eq!(parse_span("2d"), Ok(172_800.0));
+        for bad in ["", "0", "-5", "10x", "m", "1h30", "ten minutes"] {
+            assert!(parse_span(bad).unwrap_err().contains("30s, 10m, 1h30m"), "{bad}");
+        }
+        let now = 1_764_515_045.0; // 2025-11-30T15:04:05Z
+        assert_eq!(rfc3339(now), "2025-11-30T15:04:05Z");
+        assert_eq!(parse_time("2025-11-30T15:04:05Z", 0.0), Ok(now));
+        assert_eq!(parse_time("2025-11-30T16:04:05+01:00", 0.0), Ok(now));
+        assert_eq!(parse_time("2025-11-30t15:04:05.25z", 0.0), Ok(now + 0.25));
+        assert_eq!(parse_time("1970-01-01T00:00:00Z", 5.0), Ok(0.0));
+        assert_eq!(parse_time("2024-02-29T00:00:00Z", 0.0).map(rfc3339), Ok("2024-02-29T00:00:00Z".into()));
+        assert_eq!(parse_time("now", now), Ok(now));
+        for ago in ["10m", "10m ago", "-10m", " 10 m ago"] {
+            assert_eq!(parse_time(ago, now), Ok(now - 600.0), "{ago}");
+        }
+        for bad in
+            ["2025-02-29T00:00:00Z", "2025-11-30T25:00:00Z", "2025-11-30T15:04:05", "2025-11-30T15:04:05+1"]
+        {
+            assert!(parse_time(bad, now).unwrap_err().contains("RFC 3339"), "{bad}");
+        }
+        assert!(parse_time("yesterday", now).unwrap_err().contains("not a time"));
+        assert_eq!(rfc3339(-1.0), "1969-12-31T23:59:59Z");
     }
 }

@@ -570,6 +570,17 @@ fn records_benchmark() -> Result<String> {
         .to_owned())
 }
 
+/// The flight recorder's memory for 8 busy devices over its whole window, and a window's cost.
+fn recorder_benchmark() -> Result<String> {
+    let out = output(
+        Command::new("cargo")
+            .current_dir(root_dir())
+            .args(["bench", "--quiet", "-p", "tracerd", "--bench", "recorder"]),
+    )?;
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("recorder:")).collect();
+    Ok(if lines.is_empty() { "recorder: no result".into() } else { lines.join("\n") })
+}
+
 pub fn bench(opts: Options) -> Result<()> {
     if !setup::is_root() {
         bail!(
@@ -628,9 +639,10 @@ pub fn bench(opts: Options) -> Result<()> {
     let rss: Vec<u64> = samples.iter().map(|s| s.rss_kib).filter(|&k| k > 0).collect();
     let soak_lost = samples.last().map_or(0, |s| s.lost);
     let records = records_benchmark()?;
+    let recorder = recorder_benchmark()?;
 
     let soak = Soak { seconds: opts.soak_seconds, rss: &rss, lost: soak_lost, reasons: &soak_reasons };
-    let mut text = summarize(&results, &costs, &soak, &records);
+    let mut text = summarize(&results, &costs, &soak, &records, &recorder);
     let fds: Vec<u64> = samples.iter().map(|s| s.open_fds).filter(|&n| n > 0).collect();
     let _ = write!(
         text,
@@ -690,7 +702,7 @@ fn fmt_ns(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.0}ns"))
 }
 
-fn summarize(results: &Results, costs: &Results, soak: &Soak, records: &str) -> String {
+fn summarize(results: &Results, costs: &Results, soak: &Soak, records: &str, recorder: &str) -> String {
     let mut out = String::new();
     let med = |v: &[Sample], f: fn(&Sample) -> Option<f64>| {
         let vals: Vec<f64> = v.iter().filter_map(f).collect();
@@ -829,6 +841,7 @@ fn summarize(results: &Results, costs: &Results, soak: &Soak, records: &str) -> 
         drift * 100.0
     );
     let _ = writeln!(out, "{records}");
+    let _ = writeln!(out, "{recorder}");
     missed += soak.reasons.get("missed_completion").copied().unwrap_or(0);
     verdicts.push((format!("no missed_completion (tracerd run, bench and soak: {missed})"), missed == 0));
     verdicts.push(("zero lost events in the soak".into(), soak.lost == 0));
@@ -837,6 +850,10 @@ fn summarize(results: &Results, costs: &Results, soak: &Soak, records: &str) -> 
     verdicts.push((
         "decode+aggregate >= 5 M records/s".into(),
         records.contains("met") && !records.contains("NOT met"),
+    ));
+    verdicts.push((
+        "flight recorder: 8 busy devices for its whole hour within its bound".into(),
+        recorder.contains(": met"),
     ));
     let _ = writeln!(out, "\ntargets:");
     for (what, ok) in verdicts {

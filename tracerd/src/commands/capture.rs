@@ -13,13 +13,14 @@ use std::{
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tracer_common::agg;
 
 use crate::{
-    model::aggregate::{Aggregator, HIGHEST_NS, LOWEST_NS, Lost, SIGFIG, StageHist},
+    model::aggregate::{Aggregator, HIGHEST_NS, LOWEST_NS, LayerStats, Lost, OpStats, SIGFIG, StageHist},
     model::layers::Phase,
     model::op::Op,
     model::stage::Stage,
-    model::topology::Topology,
+    model::topology::{Device, Topology},
 };
 
 /// The `format` field: says what the file is before anything else is read.
@@ -101,7 +102,9 @@ pub struct LayerCapture {
 }
 
 /// One latency distribution: HdrHistogram's non-empty buckets as `[value_ns, count]` (the value
-/// is the bucket's highest, `value_iterated_to`), their total and the exact sum.
+/// is the bucket's highest, `value_iterated_to`), their total and the exact sum. `bucketed`
+/// (written only when true): the samples are known only by the kernel aggregation's buckets
+/// (a window of the agent's recorder), each recorded at its bucket's middle.
 ///
 /// Kept as buckets rather than as a `Histogram`: a loaded capture then takes memory in
 /// proportion to its file, and [`Hist::histogram`] rebuilds the full histogram where quantiles
@@ -112,6 +115,8 @@ pub struct Hist {
     pub count: u64,
     pub sum_ns: u64,
     pub buckets: Vec<(u64, u64)>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub bucketed: bool,
 }
 
 /// A histogram as it stands in the file, before it is checked.
@@ -120,6 +125,8 @@ struct RawHist {
     count: u64,
     sum_ns: u64,
     buckets: Vec<(u64, u64)>,
+    #[serde(default)]
+    bucketed: bool,
 }
 
 fn empty_histogram() -> Histogram<u64> {
@@ -157,8 +164,19 @@ impl TryFrom<RawHist> for Hist {
             h.record_n(value, count).map_err(|_| {
                 format!("bucket value {value} ns is beyond the histogram's range (100 ns to 60 s)")
             })?;
-            min_sum += h.lowest_equivalent(value) as u128 * count as u128;
-            max_sum += h.highest_equivalent(value) as u128 * count as u128;
+            // Each sample lies in its bucket: HdrHistogram's, or for bucketed samples the
+            // kernel's (lower bound exclusive), which holds the first.
+            let (lo, hi) = if raw.bucketed {
+                let b = agg::bucket_of(value);
+                (
+                    if b == 0 { 0 } else { agg::BOUNDS_NS[b - 1] + 1 },
+                    agg::BOUNDS_NS.get(b).copied().unwrap_or(u64::MAX),
+                )
+            } else {
+                (h.lowest_equivalent(value), h.highest_equivalent(value))
+            };
+            min_sum += lo.min(h.lowest_equivalent(value)) as u128 * count as u128;
+            max_sum += hi.max(h.highest_equivalent(value)) as u128 * count as u128;
             // Samples over 60 s are clamped into the top bucket, but their sum is exact.
             saturated |= h.lowest_equivalent(value) >= top_bucket;
         }
@@ -172,7 +190,7 @@ impl TryFrom<RawHist> for Hist {
                 raw.sum_ns
             ));
         }
-        Ok(Hist { count: raw.count, sum_ns: raw.sum_ns, buckets: raw.buckets })
+        Ok(Hist { count: raw.count, sum_ns: raw.sum_ns, buckets: raw.buckets, bucketed: raw.bucketed })
     }
 }
 
@@ -182,6 +200,7 @@ impl Hist {
             count: s.count(),
             sum_ns: s.sum_ns,
             buckets: s.hist.iter_recorded().map(|v| (v.value_iterated_to(), v.count_at_value())).collect(),
+            bucketed: s.bucketed,
         }
     }
 
@@ -328,6 +347,69 @@ impl Capture {
             devices,
             lost: lost.reasons().into_iter().map(|(r, n)| (r.to_owned(), n)).collect(),
         }
+    }
+
+    /// The capture back as an aggregate, for `report` to show: devices get made-up numbers,
+    /// and a topology of their names, labels and stacks.
+    pub fn to_aggregate(&self) -> (Aggregator, Topology, Lost) {
+        let mut agg = Aggregator::new(false);
+        let mut ids: BTreeMap<String, u32> = BTreeMap::new();
+        let mut id_of = |name: &str, agg: &mut Aggregator| {
+            let next = ids.len() as u32 + 1;
+            let id = *ids.entry(name.to_owned()).or_insert(next);
+            agg.names.entry(id).or_insert_with(|| name.to_owned());
+            id
+        };
+        let boxed =
+            |h: &Hist| Box::new(StageHist { hist: h.histogram(), sum_ns: h.sum_ns, bucketed: h.bucketed });
+        for d in &self.devices {
+            let dev = id_of(&d.device, &mut agg);
+            for o in &d.ops {
+                let mut stats = OpStats {
+                    requests: o.requests,
+                    bytes: o.bytes,
+                    merged_bios: o.merged_bios,
+                    errors: o.errors,
+                    ..Default::default()
+                };
+                for (stage, h) in &o.stages {
+                    stats.stages[stage.index()] = Some(boxed(h));
+                }
+                for l in &o.layers {
+                    let lower = id_of(&l.lower, &mut agg);
+                    let phase = |p: Phase| l.phases.get(&p).map_or_else(StageHist::empty, boxed);
+                    let phases = [phase(Phase::Layer), phase(Phase::Lower), phase(Phase::Completion)];
+                    stats.layers.insert(lower, LayerStats { ios: l.ios, lower_ios: l.lower_ios, phases });
+                }
+                agg.series.insert((dev, o.op), stats);
+            }
+        }
+        let devices = self.devices.iter().map(|d| Device {
+            name: d.device.clone(),
+            dev: ids[d.device.as_str()],
+            disk: d.device.clone(),
+            partition: false,
+            request_based: false,
+            lowers: d.lowers.clone(),
+            uppers: self
+                .devices
+                .iter()
+                .filter(|u| u.lowers.contains(&d.device))
+                .map(|u| u.device.clone())
+                .collect(),
+            // The label's part in brackets (a dm name or an md level) comes back as it was shown.
+            dm_name: d
+                .label
+                .strip_prefix(&format!("{} (", d.device))
+                .and_then(|r| r.strip_suffix(')'))
+                .map(str::to_owned),
+            md_level: None,
+        });
+        let mut lost = Lost::default();
+        for (counter, (reason, _)) in lost.counters_mut().into_iter().zip(Lost::default().reasons()) {
+            *counter = self.lost.get(reason).copied().unwrap_or(0);
+        }
+        (agg, Topology::from_devices(devices.collect::<Vec<_>>()), lost)
     }
 
     /// Reads and checks a capture file.
@@ -515,6 +597,34 @@ pub(crate) mod tests {
 
     pub fn capture(n: u64) -> Capture {
         Capture::from_aggregate(&aggregate(n), &Topology::default(), &Lost::default(), meta())
+    }
+
+    #[test]
+    fn bucketed_histograms_allow_sums_anywhere_in_the_kernel_buckets() {
+        let mut s = StageHist::empty();
+        s.record_bucket(agg::bucket_of(1_000_000), 10); // (800 µs, 1 ms]
+        s.sum_ns = 10 * 999_000; // every sample near the top of its bucket
+        let h = Hist::of(&s);
+        assert!(h.bucketed);
+        let text = serde_json::to_string(&h).unwrap();
+        assert_eq!(serde_json::from_str::<Hist>(&text).unwrap(), h);
+        let exact = text.replace(",\"bucketed\":true", "");
+        assert!(serde_json::from_str::<Hist>(&exact).unwrap_err().to_string().contains("cannot be the sum"));
+        let beyond = text.replace("9990000", "10000010"); // above 10 x 1 ms
+        assert!(serde_json::from_str::<Hist>(&beyond).unwrap_err().to_string().contains("cannot be the sum"));
+    }
+
+    #[test]
+    fn a_capture_comes_back_as_the_aggregate_it_was_made_of() {
+        let mut c = capture(500);
+        c.devices[0].label = "dm-0 (lin0)".into();
+        c.devices[0].lowers = vec!["loop0".into()];
+        c.lost.insert("stale_bio".into(), 4);
+        let (agg, topo, lost) = c.to_aggregate();
+        assert_eq!(lost.stale_bio, 4);
+        let again = Capture::from_aggregate(&agg, &topo, &lost, meta());
+        assert_eq!(again, c, "capture -> aggregate -> capture is the identity");
+        assert_eq!(topo.by_name("loop0").unwrap().uppers, vec!["dm-0".to_string()]);
     }
 
     #[test]

@@ -390,8 +390,11 @@ mod tests {
     };
 
     fn hist(values: impl IntoIterator<Item = u64>) -> Hist {
-        let mut s =
-            StageHist { hist: Histogram::new_with_bounds(LOWEST_NS, HIGHEST_NS, SIGFIG).unwrap(), sum_ns: 0 };
+        let mut s = StageHist {
+            hist: Histogram::new_with_bounds(LOWEST_NS, HIGHEST_NS, SIGFIG).unwrap(),
+            sum_ns: 0,
+            bucketed: false,
+        };
         for v in values {
             s.hist.record(v).unwrap();
             s.sum_ns += v;

@@ -5,7 +5,7 @@ use std::{
     collections::BTreeMap,
     fmt::Write as _,
     io::{IsTerminal, Write as _},
-    path::Path,
+    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
@@ -24,6 +24,7 @@ use crate::{
     model::selection::Selection,
     model::stage::Stage,
     model::topology::Topology,
+    serve::api,
     style::Style,
     units,
 };
@@ -54,6 +55,9 @@ pub struct Report {
     /// The `--hist` stage (its rows are in that stage's `log2_buckets`).
     #[serde(skip)]
     pub hist: Option<Stage>,
+    /// Where the IO came from when it was the agent's recorder.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from_agent: Option<FromAgent>,
 }
 
 #[derive(Debug, Serialize)]
@@ -252,6 +256,7 @@ impl Report {
             lost: lost.reasons().into_iter().collect(),
             hooks: hooks.to_vec(),
             hist,
+            from_agent: None,
         }
     }
 
@@ -265,6 +270,16 @@ impl Report {
     pub fn render_text_styled(&self, style: Style) -> String {
         let mut out = String::new();
         let _ = writeln!(out, "tracerd report: {:.1} s on kernel {}", self.duration_s, self.kernel);
+        if let Some(a) = &self.from_agent {
+            let _ = writeln!(
+                out,
+                "from the agent on {}: {} to {} ({} frames)",
+                a.socket.display(),
+                units::rfc3339(a.from_unix_s),
+                units::rfc3339(a.to_unix_s),
+                a.frames
+            );
+        }
         if self.devices.is_empty() {
             let _ = writeln!(out, "\nno IO completed on the traced devices during the capture.");
         }
@@ -297,6 +312,19 @@ impl Report {
 }
 
 impl Report {
+    /// To stdout: JSON, or the tables in the view's style.
+    fn print(&self, view: View) -> Result<()> {
+        let mut out = std::io::stdout().lock();
+        if view.json {
+            serde_json::to_writer_pretty(&mut out, self)?;
+            writeln!(out)?;
+        } else {
+            write!(out, "{}", self.render_text_styled(view.style))?;
+        }
+        out.flush()?;
+        Ok(())
+    }
+
     /// Device stacks as trees, from each device that no traced device sits on.
     fn render_stacks(&self, out: &mut String) {
         let stacked: Vec<&DeviceReport> = self.devices.iter().filter(|d| !d.lowers.is_empty()).collect();
@@ -478,14 +506,73 @@ fn render_op(out: &mut String, device: &str, op: &OpReport, style: Style) {
     }
 }
 
+/// Where `report` takes its IO from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Source {
+    /// The running agent's recorder if an agent answers, else tracerd's own programs.
+    Auto,
+    /// Always tracerd's own programs (`--standalone`).
+    Standalone,
+    /// A window of the past, from the agent's recorder (`--since`, `--from`, `--to`).
+    Window { from_unix_s: f64, to_unix_s: f64 },
+}
+
+impl Source {
+    /// From the command line; times are read against now.
+    pub fn from_args(
+        since: Option<f64>,
+        from: Option<&str>,
+        to: Option<&str>,
+        standalone: bool,
+    ) -> Result<Source> {
+        let now = capture::unix_now();
+        let window = |from_unix_s: f64, to_unix_s: f64| {
+            if from_unix_s >= to_unix_s {
+                anyhow::bail!(
+                    "the window from {} to {} is empty: --from must be before --to",
+                    units::rfc3339(from_unix_s),
+                    units::rfc3339(to_unix_s)
+                );
+            }
+            Ok(Source::Window { from_unix_s, to_unix_s })
+        };
+        let time = |t: &str| units::parse_time(t, now).map_err(|e| anyhow::anyhow!(e));
+        match (since, from) {
+            (Some(span), _) => window(now - span, now),
+            (None, Some(from)) => window(time(from)?, to.map_or(Ok(now), time)?),
+            (None, None) if standalone => Ok(Source::Standalone),
+            (None, None) => Ok(Source::Auto),
+        }
+    }
+}
+
+/// Where the IO comes from, and the agent's socket.
+#[derive(Clone, Debug)]
+pub struct Attach {
+    pub source: Source,
+    pub socket: PathBuf,
+}
+
+/// Which agent and window an attached report shows.
+#[derive(Clone, Debug, Serialize)]
+pub struct FromAgent {
+    pub socket: PathBuf,
+    pub from_unix_s: f64,
+    pub to_unix_s: f64,
+    /// Frames of the agent's recorder added up.
+    pub frames: u64,
+}
+
 /// Captures for `duration` seconds (or until SIGINT), then prints the report, and with `save`
-/// writes the capture for `tracerd diff`.
+/// writes the capture for `tracerd diff`. With an agent running, its recorder is asked, and
+/// no program is loaded.
 pub async fn report(
     duration: f64,
     view: View,
     save: Option<&Path>,
     selection: Selection,
     opts: LoadOptions,
+    attach: Attach,
 ) -> Result<()> {
     // Before tracing, so a bad path costs no capture.
     if let Some(path) = save {
@@ -493,9 +580,29 @@ pub async fn report(
         // Version-1 captures hold histograms of the default range only.
         if crate::model::aggregate::histogram_range() != crate::model::aggregate::HistogramRange::default() {
             anyhow::bail!(
-                "--save writes histograms of the default range (100 ns to 60 s, 3 significant digits),                  and the config's [histogram] section sets another: remove it to save a capture"
+                "--save writes histograms of the default range (100 ns to 60 s, 3 significant digits), \
+                 and the config's [histogram] section sets another: remove it to save a capture"
             );
         }
+    }
+    let socket = attach.socket.as_path();
+    match attach.source {
+        Source::Window { from_unix_s, to_unix_s } => {
+            if view.by_qd {
+                anyhow::bail!("{BY_QD_NEEDS_RECORDS}");
+            }
+            let w = window(socket, from_unix_s, to_unix_s)?;
+            return show_window(w, view, save, &selection, socket);
+        }
+        Source::Auto => match api::call::<api::Status>(socket, &api::Request::Status {}, "status") {
+            Ok(status) if !view.by_qd => {
+                return report_from_agent(duration, view, save, &selection, socket, status).await;
+            }
+            Ok(_) => tracing::info!("--by qd needs records: tracing with tracerd's own programs"),
+            Err(api::AttachError::NoAgent(_)) => {}
+            Err(e) => tracing::warn!("{e}; tracing with tracerd's own programs instead"),
+        },
+        Source::Standalone => {}
     }
     let mut session = Session::start(selection, &opts)?;
     let ops = session.tracer.ops;
@@ -536,19 +643,139 @@ pub async fn report(
     drop(session);
     let kernel = kernel_release();
     let report = Report::build_with(&agg, &topo, &lost, &hooks, &kernel, elapsed, view.hist);
-    let mut out = std::io::stdout().lock();
-    if view.json {
-        serde_json::to_writer_pretty(&mut out, &report)?;
-        writeln!(out)?;
-    } else {
-        write!(out, "{}", report.render_text_styled(view.style))?;
-    }
-    out.flush()?;
+    report.print(view)?;
     if let Some(path) = save {
         let meta = capture::Meta { kernel, host: capture::hostname(), started_unix_s, duration_s: elapsed };
         Capture::from_aggregate(&agg, &topo, &lost, meta).save(path)?;
         tracing::info!("capture saved to {}", path.display());
     }
+    Ok(())
+}
+
+const BY_QD_NEEDS_RECORDS: &str = "--by qd needs every IO's record, and the agent's recorder keeps no \
+     per-queue-depth tables: report the present with --standalone --by qd";
+
+/// A window of the agent's recorder; an empty one is an error that says what the recorder holds.
+fn window(socket: &Path, from_unix_s: f64, to_unix_s: f64) -> Result<api::WindowAnswer> {
+    let w: api::WindowAnswer = api::call(socket, &api::Request::Window { from_unix_s, to_unix_s }, "window")
+        .map_err(|e| match e {
+            api::AttachError::NoAgent(_) => anyhow::anyhow!(
+                "{e}: windows of the past come from the agent's flight recorder, and no agent runs"
+            ),
+            e => e.into(),
+        })?;
+    if w.frames == 0 {
+        let status: api::Status = api::call(socket, &api::Request::Status {}, "status")?;
+        let holds = match (status.recorder.from_unix_s, status.recorder.to_unix_s) {
+            (Some(a), Some(b)) => format!("it holds {} to {}", units::rfc3339(a), units::rfc3339(b)),
+            _ => "it holds nothing yet (the first frame ends a second after the agent starts)".into(),
+        };
+        anyhow::bail!(
+            "the agent's recorder has no frame between {} and {}: {holds}",
+            units::rfc3339(from_unix_s),
+            units::rfc3339(to_unix_s)
+        );
+    }
+    Ok(w)
+}
+
+/// `report --duration` beside a running agent: waits as long, then asks its recorder for the
+/// frames of that time. Nothing is loaded into the kernel.
+async fn report_from_agent(
+    duration: f64,
+    view: View,
+    save: Option<&Path>,
+    selection: &Selection,
+    socket: &Path,
+    status: api::Status,
+) -> Result<()> {
+    let started = capture::unix_now();
+    tracing::info!(
+        "reading from the running agent (pid {}) on {}: no programs loaded (--standalone loads them)",
+        status.pid,
+        socket.display()
+    );
+    let deadline = tokio::time::sleep(Duration::from_secs_f64(duration));
+    tokio::pin!(deadline);
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    tokio::select! {
+        _ = &mut deadline => {}
+        _ = &mut shutdown => {}
+    }
+    let ended = capture::unix_now();
+    // The frame that holds the end is sealed within one resolution (and a tick).
+    let patience = Instant::now() + Duration::from_secs_f64(status.recorder.resolution_s + 3.0);
+    loop {
+        let now: api::Status = api::call(socket, &api::Request::Status {}, "status")?;
+        if now.recorder.to_unix_s.is_some_and(|t| t >= ended) || Instant::now() > patience {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    show_window(window(socket, started, ended)?, view, save, selection, socket)
+}
+
+/// Prints (and saves) a window of the agent's recorder, for the devices selected.
+fn show_window(
+    w: api::WindowAnswer,
+    view: View,
+    save: Option<&Path>,
+    selection: &Selection,
+    socket: &Path,
+) -> Result<()> {
+    let mut capture = w.capture;
+    select_devices(&mut capture, selection)?;
+    if let Some(path) = save {
+        capture.save(path)?;
+        tracing::info!("capture saved to {}", path.display());
+    }
+    let (agg, topo, lost) = capture.to_aggregate();
+    let mut report =
+        Report::build_with(&agg, &topo, &lost, &[], &capture.kernel, capture.duration_s, view.hist);
+    report.from_agent = Some(FromAgent {
+        socket: socket.to_owned(),
+        from_unix_s: w.from_unix_s,
+        to_unix_s: w.to_unix_s,
+        frames: w.frames,
+    });
+    report.print(view)?;
+    Ok(())
+}
+
+/// Keeps the devices `--device` names (with the devices below them) and drops excluded ones.
+/// A name neither in the window nor on the host is an error, as when tracing.
+fn select_devices(capture: &mut Capture, selection: &Selection) -> Result<()> {
+    let strip = |n: &str| n.strip_prefix("/dev/").unwrap_or(n).to_owned();
+    let excluded = |n: &str| selection.exclude.iter().any(|p| crate::config::name_matches(p, n));
+    if !selection.names.is_empty() {
+        let host = Topology::scan().unwrap_or_default();
+        let mut keep: Vec<String> = Vec::new();
+        let mut todo: Vec<String> = selection.names.iter().map(|n| strip(n)).collect();
+        for name in &todo {
+            if !capture.devices.iter().any(|d| &d.device == name) && host.by_name(name).is_none() {
+                let mut known: Vec<String> = capture.devices.iter().map(|d| d.device.clone()).collect();
+                known.extend(host.names());
+                known.sort();
+                known.dedup();
+                anyhow::bail!(
+                    "unknown block device '{name}': it is neither on this host nor in the window. Known devices: {}.",
+                    known.join(", ")
+                );
+            }
+        }
+        while let Some(name) = todo.pop() {
+            if keep.contains(&name) {
+                continue;
+            }
+            if let Some(d) = capture.devices.iter().find(|d| d.device == name) {
+                todo.extend(d.lowers.iter().cloned());
+            }
+            keep.push(name);
+        }
+        capture.devices.retain(|d| keep.contains(&d.device));
+    }
+    capture.devices.retain(|d| !excluded(&d.device));
     Ok(())
 }
 

@@ -3,24 +3,26 @@
 use std::{
     cell::RefCell,
     collections::{BTreeMap, HashSet},
-    net::SocketAddr,
     sync::{Arc, Mutex},
-    time::Duration,
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::{Result, bail};
 use tracer_common::{SeriesAgg, agg, flag, kind};
 
 use crate::{
-    config::HttpSecurity,
+    commands::capture::hostname,
+    config::Config,
     kernel::session::{Io, Session, shutdown_signal},
     kernel::tracer::{Aggregation, LoadOptions, kernel_release},
-    model::aggregate::{Aggregator, Lost, SeriesLimits, count_like_the_kernel},
+    model::aggregate::{Aggregator, Lost, count_like_the_kernel},
     model::op::Op,
+    model::recorder::{FrameBuilder, Recorder},
     model::selection::Selection,
     model::topology::Topology,
+    serve::api,
     serve::http,
-    serve::metrics::State,
+    serve::metrics::{RecorderGauges, State},
 };
 
 /// How often devices are rescanned, lost counters refreshed and the kernel's series folded.
@@ -31,19 +33,19 @@ const SWEEP_EVERY: u64 = 30;
 /// The in-flight tables' occupancy is sampled every this many ticks (a scan is 32768 lookups).
 const OCCUPANCY_EVERY: u64 = 10;
 
-pub async fn run(
-    listen: SocketAddr,
-    limits: SeriesLimits,
-    security: &HttpSecurity,
-    stale_after: Duration,
-    selection: Selection,
-    opts: LoadOptions,
-) -> Result<()> {
-    // Bind first, read the TLS and password files: a port in use or a bad certificate fails
-    // before anything is loaded into the kernel.
+/// Now, in ms since the Unix epoch (the recorder's clock: views ask in wall-clock time).
+fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+pub async fn run(config: &Config, selection: Selection, opts: LoadOptions) -> Result<()> {
+    let (listen, stale_after) = (config.listen, config.stale_after);
+    // Bind first, read the TLS and password files: a port in use, a second agent or a bad
+    // certificate fails before anything is loaded into the kernel.
     let listener = http::bind(listen).await?;
-    let security = http::Security::load(security)?;
+    let security = http::Security::load(&config.http)?;
     let scheme = security.scheme();
+    let (api_listener, _socket_file) = api::bind(&config.socket)?;
     let mut session = Session::start(selection, &opts)?;
     let ops = session.tracer.ops;
     let aggregation = opts.aggregation;
@@ -51,7 +53,7 @@ pub async fn run(
         give_series_to_all(&mut session)?;
     }
     let state = Arc::new(Mutex::new(State {
-        agg: Aggregator::with_limits(false, limits),
+        agg: Aggregator::with_limits(false, config.series),
         hooks: session.tracer.hooks.clone(),
         kernel: kernel_release(),
         traced_devices: session.resolved.kernel_devs.len(),
@@ -64,7 +66,35 @@ pub async fn run(
         ..Default::default()
     }));
     tokio::spawn(http::serve(listener, state.clone(), security));
-    tracing::info!("metrics on {scheme}://{listen}/metrics");
+    let shared = Arc::new(api::Shared {
+        recorder: Mutex::new(Recorder::new(config.recorder)),
+        status: Mutex::new(api::Status {
+            tracerd_version: env!("CARGO_PKG_VERSION").into(),
+            pid: std::process::id(),
+            kernel: kernel_release(),
+            host: hostname(),
+            started_unix_s: unix_ms() as f64 / 1e3,
+            aggregation: aggregation_name(aggregation).into(),
+            traced_devices: session.resolved.kernel_devs.len(),
+            skipped_hooks: session
+                .tracer
+                .hooks
+                .iter()
+                .filter(|h| !h.attached())
+                .map(|h| api::SkippedHook {
+                    hook: h.hook.into(),
+                    reason: h.reason.clone().unwrap_or_default(),
+                })
+                .collect(),
+            ..Default::default()
+        }),
+    });
+    tokio::spawn(api::serve(api_listener, shared.clone()));
+    tracing::info!("metrics on {scheme}://{listen}/metrics; API on {}", config.socket.display());
+    // The frame being filled for the recorder, and the lost counters when it began.
+    let frame = RefCell::new(FrameBuilder::default());
+    let (mut frame_start, mut frame_lost) = (unix_ms(), Lost::default());
+    let resolution_ms = config.recorder.resolution.as_millis() as u64;
     // Devices whose reads and writes came as records: each gets a series if one is free.
     let wants_series = RefCell::new(HashSet::new());
     let check = RefCell::new(Check::default());
@@ -74,6 +104,7 @@ pub async fn run(
             check.borrow_mut().count_record(io.target, op, io.rec);
             return;
         }
+        frame.borrow_mut().add_record(io.target, op, io.rec, io.layers);
         let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
         st.agg.add(io.target, op, io.rec, io.layers, |d| topo.name_of(d));
         if aggregation != Aggregation::Records
@@ -93,7 +124,7 @@ pub async fn run(
             r = session.read(on_io) => r?,
             _ = tick.tick() => {
                 ticks += 1;
-                fold_kernel(&mut session, &state, (aggregation == Aggregation::Check).then_some(&check))?;
+                fold_kernel(&mut session, &state, &frame, (aggregation == Aggregation::Check).then_some(&check))?;
                 for dev in wants_series.borrow_mut().drain() {
                     if session.resolved.is_target(dev) {
                         session.tracer.give_series(dev)?;
@@ -124,6 +155,24 @@ pub async fn run(
                 if aggregation != Aggregation::Records {
                     st.kernel_series = session.tracer.series.usage();
                 }
+                // Ticks come every second; a frame ends at the tick nearest its length.
+                let now = unix_ms();
+                if now.saturating_sub(frame_start) + 500 >= resolution_ms {
+                    let lost = st.agg.lost;
+                    let devices: Vec<_> = frame.borrow().devices().filter_map(|d| topo.get(d).cloned()).collect();
+                    let sealed = frame.borrow_mut().seal(frame_start, now, &lost.since(&frame_lost));
+                    (frame_start, frame_lost) = (now, lost);
+                    let mut recorder = shared.recorder.lock().unwrap_or_else(|e| e.into_inner());
+                    recorder.push(sealed, devices);
+                    st.recorder = RecorderGauges {
+                        bytes: recorder.bytes(),
+                        max_bytes: recorder.limits.max_bytes,
+                        frames: recorder.len(),
+                        span_s: recorder.span().map_or(0.0, |(a, b)| (b - a) as f64 / 1e3),
+                        dropped_for_memory: recorder.dropped_for_memory,
+                    };
+                }
+                shared.status.lock().unwrap_or_else(|e| e.into_inner()).traced_devices = st.traced_devices;
             }
             _ = &mut shutdown => break,
         }
@@ -132,7 +181,7 @@ pub async fn run(
         // Every IO done before the signal has its record in the ring buffer and its counts in
         // the kernel: take both, then compare.
         session.drain_now(on_io);
-        fold_kernel(&mut session, &state, (aggregation == Aggregation::Check).then_some(&check))?;
+        fold_kernel(&mut session, &state, &frame, (aggregation == Aggregation::Check).then_some(&check))?;
         let topo = session.topo.clone();
         check.borrow().verdict(|d| topo.name_of(d))?;
     }
@@ -163,15 +212,21 @@ fn aggregation_name(a: Aggregation) -> &'static str {
     }
 }
 
-/// Adds what the kernel counted since the last fold to the series (and to the check).
-/// `check` is None unless `--aggregation check`.
-fn fold_kernel(session: &mut Session, state: &Mutex<State>, check: Option<&RefCell<Check>>) -> Result<()> {
+/// Adds what the kernel counted since the last fold to the series and to the recorder's
+/// frame (and to the check: `check` is None unless `--aggregation check`).
+fn fold_kernel(
+    session: &mut Session,
+    state: &Mutex<State>,
+    frame: &RefCell<FrameBuilder>,
+    check: Option<&RefCell<Check>>,
+) -> Result<()> {
     let topo = &session.topo;
     let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
     let mut check = check.map(RefCell::borrow_mut);
     session.tracer.fold_series(|dev, op, counted| {
         let op = if op == agg::READ { Op::Read } else { Op::Write };
         st.agg.add_kernel(dev, op, counted, |d| topo.name_of(d));
+        frame.borrow_mut().add_kernel(dev, op, counted);
         if let Some(check) = check.as_mut() {
             check.count_kernel(dev, op, counted);
         }

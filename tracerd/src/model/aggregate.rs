@@ -64,6 +64,9 @@ impl Default for SeriesLimits {
 pub struct StageHist {
     pub hist: Histogram<u64>,
     pub sum_ns: u64,
+    /// Some samples are known only by their kernel bucket (`record_bucket`): each lies in
+    /// that bucket, anywhere, though it was recorded at the bucket's middle.
+    pub bucketed: bool,
 }
 
 impl StageHist {
@@ -72,7 +75,7 @@ impl StageHist {
         // The config checked the bounds (lowest >= 1, highest >= 2 * lowest, 1..=5 digits).
         let hist = Histogram::new_with_bounds(r.lowest_ns, r.highest_ns, r.significant_digits)
             .expect("valid bounds");
-        Box::new(StageHist { hist, sum_ns: 0 })
+        Box::new(StageHist { hist, sum_ns: 0, bucketed: false })
     }
 
     fn record(&mut self, ns: u64) {
@@ -83,6 +86,18 @@ impl StageHist {
 
     pub fn count(&self) -> u64 {
         self.hist.len()
+    }
+
+    /// An empty histogram in the range in force.
+    pub fn empty() -> Box<StageHist> {
+        StageHist::new()
+    }
+
+    /// Adds `n` IOs known only by their kernel bucket `b` (`agg::BOUNDS_NS`), at the bucket's
+    /// middle; their exact sum is added by the caller.
+    pub fn record_bucket(&mut self, b: usize, n: u64) {
+        self.hist.saturating_record_n(bucket_middle(b), n);
+        self.bucketed = true;
     }
 }
 
@@ -118,7 +133,7 @@ pub struct OpStats {
 
 /// Queue depths at issue in power-of-two buckets: bucket k counts depths in (2^(k-1), 2^k],
 /// the last one everything above 2^(QD_BUCKETS-2).
-pub const QD_BUCKETS: usize = 12;
+pub const QD_BUCKETS: usize = agg::QD_BUCKETS;
 
 #[derive(Clone, Debug, Default)]
 pub struct QueueDepths {
@@ -134,7 +149,8 @@ impl QueueDepths {
     }
 
     fn record(&mut self, depth: u32) {
-        let k = (depth.max(1).next_power_of_two().trailing_zeros() as usize).min(QD_BUCKETS - 1);
+        // The kernel's bucketing (no overflow for depths past 2^31, which a damaged record has).
+        let k = agg::qd_bucket(depth);
         self.buckets[k] += 1;
         self.sum += depth as u64;
         self.count += 1;
@@ -216,20 +232,40 @@ impl Lost {
         ]
     }
 
+    /// Every counter, in the order of `reasons`.
+    pub fn counters_mut(&mut self) -> [&mut u64; 13] {
+        let [a, b, c, d, e, f] = &mut self.kernel;
+        [
+            a,
+            b,
+            c,
+            d,
+            e,
+            f,
+            &mut self.stale_bio,
+            &mut self.stale_request,
+            &mut self.decode_error,
+            &mut self.orphaned_lower,
+            &mut self.recursion,
+            &mut self.series_limit,
+            &mut self.device_gone,
+        ]
+    }
+
     /// What was lost since `base` (the counters at the start of a capture).
     pub fn since(&self, base: &Lost) -> Lost {
         let mut d = *self;
-        for (a, b) in d.kernel.iter_mut().zip(base.kernel) {
+        for (a, (_, b)) in d.counters_mut().into_iter().zip(base.reasons()) {
             *a = a.saturating_sub(b);
         }
-        d.stale_bio = d.stale_bio.saturating_sub(base.stale_bio);
-        d.stale_request = d.stale_request.saturating_sub(base.stale_request);
-        d.decode_error = d.decode_error.saturating_sub(base.decode_error);
-        d.orphaned_lower = d.orphaned_lower.saturating_sub(base.orphaned_lower);
-        d.recursion = d.recursion.saturating_sub(base.recursion);
-        d.series_limit = d.series_limit.saturating_sub(base.series_limit);
-        d.device_gone = d.device_gone.saturating_sub(base.device_gone);
         d
+    }
+
+    /// Adds another count of lost events (frames of a window).
+    pub fn add(&mut self, other: &Lost) {
+        for (a, (_, b)) in self.counters_mut().into_iter().zip(other.reasons()) {
+            *a += b;
+        }
     }
 }
 
@@ -378,7 +414,7 @@ impl Aggregator {
             let h = stats.stages[Stage::ALL[k].index()].get_or_insert_with(StageHist::new);
             for (b, &n) in buckets.iter().enumerate() {
                 if n != 0 {
-                    h.hist.saturating_record_n(bucket_middle(b), n as u64);
+                    h.record_bucket(b, n as u64);
                 }
             }
             h.sum_ns += counted.stage_ns[k];

@@ -74,6 +74,11 @@ impl Topology {
         Ok(Topology { devices })
     }
 
+    /// A topology of known devices (the recorder's: devices as they were when seen).
+    pub fn from_devices(devices: impl IntoIterator<Item = Device>) -> Topology {
+        Topology { devices: devices.into_iter().map(|d| (d.dev, d)).collect() }
+    }
+
     pub fn get(&self, dev: u32) -> Option<&Device> {
         self.devices.get(&dev)
     }

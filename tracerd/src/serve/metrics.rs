@@ -38,6 +38,19 @@ pub struct State {
     pub aggregation: &'static str,
     /// Devices with a series of the in-kernel aggregation, and how many it has.
     pub kernel_series: (usize, usize),
+    /// The flight recorder's size (the agent's; zero elsewhere).
+    pub recorder: RecorderGauges,
+}
+
+/// The flight recorder, as /metrics shows it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RecorderGauges {
+    pub bytes: usize,
+    pub max_bytes: usize,
+    pub frames: usize,
+    /// Seconds the kept frames cover.
+    pub span_s: f64,
+    pub dropped_for_memory: u64,
 }
 
 /// Escapes a label value (backslash, double quote, newline).
@@ -215,6 +228,34 @@ pub fn render(state: &State) -> String {
     if !state.aggregation.is_empty() {
         header(&mut out, "tracerd_aggregation_info", "gauge", "Where reads and writes are aggregated.");
         let _ = writeln!(out, "tracerd_aggregation_info{{mode=\"{}\"}} 1", state.aggregation);
+    }
+    if state.recorder.max_bytes != 0 {
+        let r = &state.recorder;
+        header(
+            &mut out,
+            "tracerd_recorder_bytes",
+            "gauge",
+            "Memory of the flight recorder's frames (state=used), and its bound (state=limit, config \
+             recorder.max_bytes).",
+        );
+        let _ = writeln!(out, "tracerd_recorder_bytes{{state=\"used\"}} {}", r.bytes);
+        let _ = writeln!(out, "tracerd_recorder_bytes{{state=\"limit\"}} {}", r.max_bytes);
+        header(&mut out, "tracerd_recorder_frames", "gauge", "Frames the flight recorder keeps.");
+        let _ = writeln!(out, "tracerd_recorder_frames {}", r.frames);
+        header(
+            &mut out,
+            "tracerd_recorder_span_seconds",
+            "gauge",
+            "How far back the flight recorder reaches now (at most recorder.retention_s).",
+        );
+        let _ = writeln!(out, "tracerd_recorder_span_seconds {}", r.span_s);
+        header(
+            &mut out,
+            "tracerd_recorder_frames_dropped_total",
+            "counter",
+            "Frames dropped before the end of the retention because the recorder reached its byte bound.",
+        );
+        let _ = writeln!(out, "tracerd_recorder_frames_dropped_total {}", r.dropped_for_memory);
     }
     header(&mut out, "tracerd_records_total", "counter", "Records read from the kernel ring buffer.");
     let _ = writeln!(out, "tracerd_records_total {}", state.records);

@@ -1,0 +1,214 @@
+//! The agent's flight recorder and API, against the running kernel: views attach to a running
+//! `tracerd run` instead of loading programs, windows of the past count every IO done in them,
+//! and the socket is root-only and refuses what it cannot serve.
+
+use std::{
+    io::{Read, Write},
+    os::unix::{fs::FileTypeExt, fs::PermissionsExt, net::UnixStream},
+    path::Path,
+    process::{Command, Stdio},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use serde_json::Value;
+use tracerd_tests::{
+    HANG, LoopDevice, TempDir, Tracerd, Workload, eventually, missed_completions, missed_in_lost,
+    note_missed, require_root, tracerd_bin, tracerd_output,
+};
+
+fn unix_now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
+}
+
+/// `tracerd report ARGS --json` against the agent's socket: the report, or the error text.
+fn report_json(socket: &Path, args: &[&str]) -> Result<Value, String> {
+    let mut all = vec!["report", "--json", "--socket", socket.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let (status, out, err) = tracerd_output(&all);
+    if !status.success() {
+        return Err(err);
+    }
+    serde_json::from_str(&out).map_err(|e| format!("report --json is not JSON ({e}):\n{out}\n{err}"))
+}
+
+fn op<'a>(report: &'a Value, dev: &str, op: &str) -> Option<&'a Value> {
+    let device = report["devices"].as_array()?.iter().find(|d| d["device"] == dev)?;
+    device["ops"].as_array()?.iter().find(|o| o["op"] == op)
+}
+
+fn requests(report: &Value, dev: &str, name: &str) -> u64 {
+    op(report, dev, name).map_or(0, |o| o["requests"].as_u64().unwrap())
+}
+
+/// tracerd's programs loaded in the kernel now (their names start with the attach kind).
+fn tracerd_program_count() -> usize {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter(|p| {
+            ["btf_", "raw_", "kp_", "kr_"].iter().any(|pre| p.name_as_str().unwrap_or("").starts_with(pre))
+        })
+        .count()
+}
+
+/// A view attached to the agent: started, and known to have found it.
+fn attached_report(socket: &Path, dev: &str) -> Tracerd {
+    let r = Tracerd::spawn(&[
+        "report",
+        "--json",
+        "--duration",
+        "600",
+        "--device",
+        dev,
+        "--socket",
+        socket.to_str().unwrap(),
+    ]);
+    assert!(r.stderr_text().contains("reading from the running agent"), "not attached:\n{}", r.stderr_text());
+    r
+}
+
+#[test]
+fn views_attach_to_the_agent_and_windows_of_the_past_count_every_io() {
+    require_root();
+    let dev = LoopDevice::new(128);
+    let agent = Tracerd::run(&["--device", &dev.name]);
+    let socket = agent.socket.clone().unwrap();
+    let reads = Workload { write: false, count: 3000, size: 4096, qd: 8 };
+    let writes = Workload { write: true, count: 500, size: 8192, qd: 4 };
+    reads.run(&dev);
+    let settled = |n: u64| {
+        eventually(|| {
+            let m = agent.metrics();
+            let done = ["read", "write"]
+                .iter()
+                .map(|op| m.get("tracerd_io_requests_total", &[("device", &dev.name), ("op", op)]) as u64)
+                .sum::<u64>();
+            done + missed_completions(&m) == n
+        })
+    };
+    assert!(settled(reads.count), "the agent never counted the reads:\n{}", agent.stderr_text());
+    // Frames are a second long: the reads end in a frame before `between`.
+    std::thread::sleep(Duration::from_millis(2500));
+    let between = unix_now();
+    writes.run(&dev);
+    assert!(settled(reads.count + writes.count), "the agent never counted the writes");
+    let missed = missed_completions(&agent.metrics());
+    // The frame with the last IO is sealed within a second.
+    let mut last = Value::Null;
+    let whole = eventually(|| {
+        last = report_json(&socket, &["--since", "1h", "--device", &dev.name]).unwrap_or_else(Value::String);
+        requests(&last, &dev.name, "read")
+            + requests(&last, &dev.name, "write")
+            + missed_in_lost(&last["lost"])
+            == reads.count + writes.count
+    });
+    assert!(whole, "report --since 1h never showed every IO (waited {HANG:?}):\n{last:#}");
+    assert_eq!(last["from_agent"]["socket"], socket.to_str().unwrap());
+    assert!(last["from_agent"]["frames"].as_u64().unwrap() >= 3, "{}", last["from_agent"]);
+    if missed > 0 {
+        note_missed("views_attach_to_the_agent_and_windows_of_the_past_count_every_io", missed);
+    } else {
+        for w in [reads, writes] {
+            let o = op(&last, &dev.name, w.op()).unwrap();
+            assert_eq!(o["requests"].as_u64(), Some(w.count), "{}", w.op());
+            assert_eq!(o["bytes"].as_u64(), Some(w.bytes()), "{}", w.op());
+            for stage in ["q2c", "d2c", "q2d"] {
+                assert_eq!(o["stages"][stage]["count"].as_u64(), Some(w.count), "{} {stage}", w.op());
+            }
+        }
+        // A window that starts after the reads holds the writes alone.
+        let from = format!("{}s", (unix_now() - between).ceil() as u64);
+        let later = report_json(&socket, &["--from", &from, "--device", &dev.name]).unwrap();
+        assert_eq!(requests(&later, &dev.name, "read"), 0, "{later:#}");
+        assert_eq!(requests(&later, &dev.name, "write"), writes.count, "{later:#}");
+    }
+
+    // Three views at once load nothing: the kernel runs the agent's programs alone.
+    let programs = tracerd_program_count();
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut views: Vec<Tracerd> = (0..3).map(|_| attached_report(&socket, &dev.name)).collect();
+    assert_eq!(tracerd_program_count(), programs, "a view attached to the agent loaded programs");
+    let during = Workload { write: false, count: 700, size: 4096, qd: 2 };
+    during.run(&dev);
+    assert!(settled(reads.count + writes.count + during.count), "the agent never counted the last reads");
+    assert_eq!(tracerd_program_count(), programs, "three views, one copy of the programs");
+    for mut v in views.drain(..) {
+        assert!(v.stop(libc::SIGINT).success(), "attached report failed:\n{}", v.stderr_text());
+        let r: Value = serde_json::from_str(&v.stdout_text()).expect("report --json");
+        let missed = missed_in_lost(&r["lost"]);
+        assert_eq!(requests(&r, &dev.name, "read") + missed, during.count, "{r:#}");
+        assert_eq!(requests(&r, &dev.name, "write"), 0, "{r:#}");
+    }
+
+    // --save on a window writes a capture that diff reads.
+    let dir = TempDir::new();
+    let file = dir.file("window.json");
+    report_json(&socket, &["--since", "1h", "--device", &dev.name, "--save", &file]).unwrap();
+    let (status, out, err) = tracerd_output(&["diff", &file, &file]);
+    assert!(status.success(), "diff of a saved window failed: {err}");
+    assert!(out.contains(&dev.name), "{out}");
+}
+
+/// Sends `bytes` on the socket and returns the answer.
+fn ask(socket: &Path, bytes: &[u8]) -> Value {
+    let mut s = UnixStream::connect(socket).expect("connect to the agent");
+    s.set_read_timeout(Some(HANG)).unwrap();
+    s.write_all(bytes).unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    serde_json::from_str(&answer).unwrap_or_else(|e| panic!("answer is not JSON ({e}): {answer}"))
+}
+
+#[test]
+fn the_socket_is_root_only_refuses_bad_requests_and_goes_with_the_agent() {
+    require_root();
+    let mut agent = Tracerd::run(&[]);
+    let socket = agent.socket.clone().unwrap();
+    let meta = std::fs::metadata(&socket).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600, "root-only");
+
+    let status = ask(&socket, b"{\"version\":1,\"request\":\"status\"}\n");
+    assert_eq!(status["version"], 1);
+    assert_eq!(status["status"]["pid"], agent.pid());
+    assert_eq!(status["status"]["recorder"]["retention_s"], 3600.0);
+    for (bytes, says) in [
+        (b"hello\n".to_vec(), "not JSON"),
+        (b"{\"version\":7,\"request\":\"status\"}\n".to_vec(), "version 7 is not served"),
+        (b"{\"version\":1,\"request\":\"everything\"}\n".to_vec(), "requests: status, window"),
+        (vec![b' '; 70_000], "longer than 65536 bytes"),
+    ] {
+        let e = ask(&socket, &bytes);
+        assert!(e["error"].as_str().is_some_and(|e| e.contains(says)), "{says}: {e}");
+    }
+
+    // A second agent on the same socket is refused before it loads anything.
+    let (status, _, err) =
+        tracerd_output(&["run", "--listen", "127.0.0.1:0", "--socket", socket.to_str().unwrap()]);
+    assert!(!status.success());
+    assert!(err.contains("another tracerd agent is already serving"), "{err}");
+
+    // Not root: the socket says so.
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(tracerd_bin())
+        .args(["report", "--since", "5m", "--socket", socket.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("run this as root"), "{err}");
+
+    // The socket goes with the agent; a window then has no agent to come from.
+    assert!(agent.stop(libc::SIGTERM).success(), "{}", agent.stderr_text());
+    assert!(!socket.exists(), "the socket outlived the agent");
+    let e = report_json(&socket, &["--since", "5m"]).unwrap_err();
+    assert!(e.contains("no tracerd agent serves") && e.contains("sudo tracerd run"), "{e}");
+
+    // A socket left by an agent that died (SIGKILL) is replaced, with a warning.
+    let stale = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    drop(stale);
+    assert!(socket.exists());
+    let again = Tracerd::run(&["--socket", socket.to_str().unwrap()]);
+    assert!(again.stderr_text().contains("removing the stale API socket"), "{}", again.stderr_text());
+    assert_eq!(ask(&socket, b"{\"version\":1,\"request\":\"status\"}\n")["status"]["pid"], again.pid());
+}

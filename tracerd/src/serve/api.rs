@@ -1,0 +1,359 @@
+//! The agent's local API: a Unix socket, root-only (mode 0600), where views ask the running
+//! agent instead of loading a second copy of the kernel programs. One JSON request per
+//! connection, one line; one JSON answer, one line. Versioned: every message carries
+//! `"version": 1`; the schema is in the README ("The agent's API").
+
+use std::{
+    io::{BufRead, BufReader, ErrorKind, Write},
+    os::unix::{
+        fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt},
+        net::UnixStream,
+    },
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+
+use crate::{
+    commands::capture::{Capture, Meta},
+    model::recorder::Recorder,
+};
+
+/// The version of every request and answer.
+pub const VERSION: u64 = 1;
+/// Where the agent serves the API unless the config says otherwise (`[api] socket`).
+pub const DEFAULT_SOCKET: &str = "/run/tracerd/tracerd.sock";
+/// The longest request read; a longer one is refused.
+pub const MAX_REQUEST: usize = 64 * 1024;
+/// A client that sends no full request within this long is answered with an error.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a view asks.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "request", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// The agent: version, kernel, what it traces, the recorder's span.
+    Status {},
+    /// The recorder's frames that overlap `[from_unix_s, to_unix_s)`, added up into a capture.
+    Window { from_unix_s: f64, to_unix_s: f64 },
+}
+
+/// The agent, as `status` answers.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    pub tracerd_version: String,
+    pub pid: u32,
+    pub kernel: String,
+    pub host: String,
+    pub started_unix_s: f64,
+    /// `run --aggregation`.
+    pub aggregation: String,
+    pub traced_devices: usize,
+    /// Hooks that are not attached, and why.
+    pub skipped_hooks: Vec<SkippedHook>,
+    pub recorder: RecorderStatus,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SkippedHook {
+    pub hook: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RecorderStatus {
+    pub resolution_s: f64,
+    pub retention_s: f64,
+    pub max_bytes: u64,
+    pub bytes: u64,
+    pub frames: u64,
+    /// The span the kept frames cover (absent before the first frame).
+    pub from_unix_s: Option<f64>,
+    pub to_unix_s: Option<f64>,
+    pub frames_dropped_for_memory: u64,
+}
+
+/// A window's answer: the span its frames really cover, and their sum as a capture.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WindowAnswer {
+    pub from_unix_s: f64,
+    pub to_unix_s: f64,
+    pub frames: u64,
+    pub capture: Capture,
+}
+
+/// What the API serves from: the recorder and what `status` says of the agent.
+#[derive(Debug, Default)]
+pub struct Shared {
+    pub recorder: Mutex<Recorder>,
+    pub status: Mutex<Status>,
+}
+
+impl Shared {
+    fn status(&self) -> Status {
+        let mut s = self.status.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let r = self.recorder.lock().unwrap_or_else(|e| e.into_inner());
+        let span = r.span();
+        s.recorder = RecorderStatus {
+            resolution_s: r.limits.resolution.as_secs_f64(),
+            retention_s: r.limits.retention.as_secs_f64(),
+            max_bytes: r.limits.max_bytes as u64,
+            bytes: r.bytes() as u64,
+            frames: r.len() as u64,
+            from_unix_s: span.map(|s| s.0 as f64 / 1e3),
+            to_unix_s: span.map(|s| s.1 as f64 / 1e3),
+            frames_dropped_for_memory: r.dropped_for_memory,
+        };
+        s
+    }
+
+    /// The window's frames are taken under the lock and added up outside it.
+    fn window(&self, from_unix_s: f64, to_unix_s: f64) -> Result<WindowAnswer, String> {
+        if !(from_unix_s.is_finite() && to_unix_s.is_finite() && from_unix_s < to_unix_s) {
+            return Err(format!(
+                "window from {from_unix_s} to {to_unix_s}: give from_unix_s before to_unix_s (seconds since the Unix epoch)"
+            ));
+        }
+        let ms = |s: f64| (s.max(0.0) * 1e3) as u64;
+        let window =
+            self.recorder.lock().unwrap_or_else(|e| e.into_inner()).window(ms(from_unix_s), ms(to_unix_s));
+        let (agg, lost) = window.aggregate().map_err(|e| e.to_string())?;
+        let (from, to) =
+            window.span().map_or((from_unix_s, from_unix_s), |(a, b)| (a as f64 / 1e3, b as f64 / 1e3));
+        let status = self.status.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let meta =
+            Meta { kernel: status.kernel, host: status.host, started_unix_s: from, duration_s: to - from };
+        Ok(WindowAnswer {
+            from_unix_s: from,
+            to_unix_s: to,
+            frames: window.frames.len() as u64,
+            capture: Capture::from_aggregate(&agg, &window.topology, &lost, meta),
+        })
+    }
+
+    /// The answer line to one request line.
+    fn answer(&self, line: &[u8]) -> String {
+        let reply = match parse_request(line) {
+            Err(e) => Err(e),
+            Ok(Request::Status {}) => Ok(("status", serde_json::to_value(self.status()))),
+            Ok(Request::Window { from_unix_s, to_unix_s }) => {
+                self.window(from_unix_s, to_unix_s).map(|w| ("window", serde_json::to_value(w)))
+            }
+        };
+        let body = match reply {
+            Ok((key, Ok(value))) => serde_json::json!({ "version": VERSION, key: value }),
+            Ok((_, Err(e))) => error_body(&format!("cannot encode the answer: {e}")),
+            Err(e) => error_body(&e),
+        };
+        body.to_string()
+    }
+}
+
+fn error_body(e: &str) -> Value {
+    serde_json::json!({ "version": VERSION, "error": e })
+}
+
+/// Checks a request line: JSON, the version, then the request itself.
+fn parse_request(line: &[u8]) -> Result<Request, String> {
+    let value: Value = serde_json::from_slice(line).map_err(|e| {
+        format!(
+            "the request is not JSON ({e}); send one line such as {{\"version\":1,\"request\":\"status\"}}"
+        )
+    })?;
+    let Value::Object(mut fields) = value else {
+        return Err("the request must be a JSON object such as {\"version\":1,\"request\":\"status\"}".into());
+    };
+    match fields.remove("version") {
+        Some(Value::Number(n)) if n.as_u64() == Some(VERSION) => {}
+        Some(v) => {
+            return Err(format!(
+                "API version {v} is not served: this agent (tracerd {}) speaks version {VERSION}",
+                env!("CARGO_PKG_VERSION")
+            ));
+        }
+        None => return Err(format!("the request has no \"version\" (this agent speaks version {VERSION})")),
+    }
+    serde_json::from_value(Value::Object(fields))
+        .map_err(|e| format!("not a valid request ({e}); requests: status, window (from_unix_s, to_unix_s)"))
+}
+
+/// The bound socket's path: removed when dropped, unless another agent's socket has replaced
+/// it since.
+#[derive(Debug)]
+pub struct SocketFile {
+    path: PathBuf,
+    inode: (u64, u64),
+}
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        if let Ok(m) = std::fs::symlink_metadata(&self.path)
+            && (m.dev(), m.ino()) == self.inode
+        {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Binds the API socket, root-only. A socket left by an agent that died is replaced; one that
+/// answers belongs to a running agent, and is an error.
+pub fn bind(path: &Path) -> Result<(tokio::net::UnixListener, SocketFile)> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
+        std::fs::DirBuilder::new().recursive(true).mode(0o755).create(dir).with_context(|| {
+            format!(
+                "cannot create {} for the API socket; set [api] socket to a writable place",
+                dir.display()
+            )
+        })?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_socket() => bail!(
+            "{} exists and is not a socket: remove it, or set [api] socket (or --socket) to another path",
+            path.display()
+        ),
+        Ok(_) => match UnixStream::connect(path) {
+            Ok(_) => bail!(
+                "another tracerd agent is already serving {}: stop it first (systemctl stop tracerd), or give \
+                 this one another --socket",
+                path.display()
+            ),
+            Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
+                tracing::warn!("removing the stale API socket {} (its agent is gone)", path.display());
+                std::fs::remove_file(path)
+                    .with_context(|| format!("cannot remove the stale socket {}", path.display()))?;
+            }
+            Err(e) => bail!("cannot check the existing socket {}: {e}", path.display()),
+        },
+        Err(_) => {}
+    }
+    // The socket is created root-only: no moment exists where others could connect.
+    let old = unsafe { libc::umask(0o177) };
+    let bound = tokio::net::UnixListener::bind(path);
+    unsafe { libc::umask(old) };
+    let listener = bound.with_context(|| format!("cannot serve the API on {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    let m = std::fs::symlink_metadata(path)?;
+    Ok((listener, SocketFile { path: path.to_owned(), inode: (m.dev(), m.ino()) }))
+}
+
+/// Answers requests until the agent stops.
+pub async fn serve(listener: tokio::net::UnixListener, shared: Arc<Shared>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                tokio::spawn(handle(stream, shared.clone()));
+            }
+            Err(e) => {
+                tracing::warn!("API socket: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn handle(stream: tokio::net::UnixStream, shared: Arc<Shared>) {
+    let (read, mut write) = stream.into_split();
+    let mut line = Vec::new();
+    let mut limited = tokio::io::BufReader::new(read).take(MAX_REQUEST as u64 + 1);
+    let read = tokio::time::timeout(REQUEST_TIMEOUT, limited.read_until(b'\n', &mut line)).await;
+    let reply = match read {
+        Err(_) => error_body("no request within 5 s: send one JSON line ending in a newline").to_string(),
+        Ok(Err(_)) => return,
+        Ok(Ok(_)) if line.len() > MAX_REQUEST => error_body(&format!(
+            "the request is longer than {MAX_REQUEST} bytes: requests are one short line"
+        ))
+        .to_string(),
+        // Adding up a long window takes a while: off the thread that reads the ring buffer.
+        Ok(Ok(_)) => match tokio::task::spawn_blocking(move || shared.answer(&line)).await {
+            Ok(reply) => reply,
+            Err(e) => error_body(&format!("the agent failed to answer: {e}")).to_string(),
+        },
+    };
+    let _ = write.write_all(format!("{reply}\n").as_bytes()).await;
+    let _ = write.shutdown().await;
+}
+
+/// Why a view could not use the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    #[error("no tracerd agent serves {0} (start one with `sudo tracerd run`, or give --socket)")]
+    NoAgent(PathBuf),
+    #[error("cannot reach the agent on {path}: {error}; its socket is root-only: run this as root")]
+    Denied { path: PathBuf, error: std::io::Error },
+    #[error("the agent on {path} {what}")]
+    Failed { path: PathBuf, what: String },
+}
+
+/// Sends one request to the agent on `path` and returns its answer's `key` field.
+pub fn call<T: for<'de> Deserialize<'de>>(
+    path: &Path,
+    request: &Request,
+    key: &str,
+) -> Result<T, AttachError> {
+    let failed = |what: String| AttachError::Failed { path: path.to_owned(), what };
+    let mut stream = match UnixStream::connect(path) {
+        Ok(s) => s,
+        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused) => {
+            return Err(AttachError::NoAgent(path.to_owned()));
+        }
+        Err(error) if error.kind() == ErrorKind::PermissionDenied => {
+            return Err(AttachError::Denied { path: path.to_owned(), error });
+        }
+        Err(e) => return Err(failed(format!("cannot be reached: {e}"))),
+    };
+    let mut body = serde_json::to_value(request).map_err(|e| failed(e.to_string()))?;
+    body["version"] = VERSION.into();
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(60)));
+    stream
+        .write_all(format!("{body}\n").as_bytes())
+        .map_err(|e| failed(format!("did not take the request: {e}")))?;
+    let mut answer = String::new();
+    BufReader::new(stream).read_line(&mut answer).map_err(|e| failed(format!("did not answer: {e}")))?;
+    let mut value: Value = serde_json::from_str(&answer)
+        .map_err(|e| failed(format!("answered something that is not JSON ({e}): is it a tracerd agent?")))?;
+    if value["version"] != VERSION {
+        return Err(failed(format!(
+            "speaks API version {}, this tracerd {VERSION}: use the same tracerd release for both",
+            value["version"]
+        )));
+    }
+    if let Some(e) = value["error"].as_str() {
+        return Err(failed(format!("refused the request: {e}")));
+    }
+    serde_json::from_value(value[key].take()).map_err(|e| failed(format!("answered a malformed {key}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_checked_before_they_are_answered() {
+        let shared = Shared::default();
+        let answer = |line: &str| serde_json::from_str::<Value>(&shared.answer(line.as_bytes())).unwrap();
+        let ok = answer(r#"{"version":1,"request":"status"}"#);
+        assert_eq!(ok["version"], 1);
+        assert_eq!(ok["status"]["recorder"]["frames"], 0);
+        for (line, says) in [
+            ("{", "not JSON"),
+            ("[1]", "JSON object"),
+            (r#"{"request":"status"}"#, "no \"version\""),
+            (r#"{"version":2,"request":"status"}"#, "version 2 is not served"),
+            (r#"{"version":1,"request":"reboot"}"#, "requests: status, window"),
+            (r#"{"version":1,"request":"status","x":1}"#, "unknown field"),
+            (r#"{"version":1,"request":"window","from_unix_s":5,"to_unix_s":1}"#, "before to_unix_s"),
+        ] {
+            let e = answer(line);
+            assert!(e["error"].as_str().is_some_and(|e| e.contains(says)), "{line}: {e}");
+            assert_eq!(e["version"], 1);
+        }
+        let w = answer(r#"{"version":1,"request":"window","from_unix_s":0,"to_unix_s":10}"#);
+        assert_eq!(w["window"]["frames"], 0);
+        assert_eq!(w["window"]["capture"]["format"], "tracerd-capture");
+    }
+}
