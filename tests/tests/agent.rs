@@ -212,3 +212,59 @@ fn the_socket_is_root_only_refuses_bad_requests_and_goes_with_the_agent() {
     assert!(again.stderr_text().contains("removing the stale API socket"), "{}", again.stderr_text());
     assert_eq!(ask(&socket, b"{\"version\":1,\"request\":\"status\"}\n")["status"]["pid"], again.pid());
 }
+
+/// `report --interval 1 --json` lines: (requests of `dev` per line, each line's span).
+fn interval_lines(out: &str, dev: &str) -> Vec<(u64, Option<(f64, f64)>)> {
+    out.lines()
+        .map(|l| {
+            let r: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}"));
+            let span = r["from_agent"]["from_unix_s"].as_f64().zip(r["from_agent"]["to_unix_s"].as_f64());
+            (requests(&r, dev, "read") + requests(&r, dev, "write") + missed_in_lost(&r["lost"]), span)
+        })
+        .collect()
+}
+
+#[test]
+fn report_intervals_add_up_to_the_io_attached_and_standalone() {
+    require_root();
+    let dev = LoopDevice::new(64);
+    let agent = Tracerd::run(&["--device", &dev.name]);
+    let socket = agent.socket.clone().unwrap();
+    let s = socket.to_str().unwrap();
+    let io = Workload { write: false, count: 4000, size: 4096, qd: 4 };
+    let no_agent = format!("{s}.none");
+    for (how, args) in [
+        ("attached", vec!["report", "--interval", "1", "--json", "--device", &dev.name, "--socket", s]),
+        (
+            "standalone",
+            vec!["report", "--interval", "1", "--json", "--device", &dev.name, "--socket", &no_agent],
+        ),
+    ] {
+        let mut view = Tracerd::spawn(&args);
+        let attached = view.stderr_text().contains("reading from the running agent");
+        assert_eq!(attached, how == "attached", "{how}:\n{}", view.stderr_text());
+        let before =
+            agent.metrics().get("tracerd_io_requests_total", &[("device", &dev.name), ("op", "read")]);
+        io.run(&dev);
+        assert!(eventually(|| {
+            let m = agent.metrics();
+            m.get("tracerd_io_requests_total", &[("device", &dev.name), ("op", "read")]) - before
+                + missed_completions(&m) as f64
+                >= io.count as f64
+        }));
+        // The last IO's frame is sealed within a second; the standalone view prints its
+        // interval so far on SIGINT.
+        std::thread::sleep(Duration::from_millis(2500));
+        assert!(view.stop(libc::SIGINT).success(), "{how}:\n{}", view.stderr_text());
+        let lines = interval_lines(&view.stdout_text(), &dev.name);
+        assert!(lines.len() >= 2, "{how}: {} lines", lines.len());
+        assert_eq!(lines.iter().map(|l| l.0).sum::<u64>(), io.count, "{how}: {lines:?}");
+        if attached {
+            // Each interval starts where the last ended: no frame is shown twice or skipped.
+            for pair in lines.windows(2) {
+                let ((_, a), (_, b)) = (pair[0], pair[1]);
+                assert_eq!(a.unwrap().1, b.unwrap().0, "{lines:?}");
+            }
+        }
+    }
+}

@@ -71,7 +71,7 @@ pub enum Command {
     },
     /// Capture for a while, then print per-device, per-operation stage tables.
     #[command(
-        after_help = "Examples:\n  sudo tracerd report --duration 10\n  sudo tracerd report --since 10m          # the last 10 minutes, from the running agent\n  sudo tracerd report --from 2026-11-30T14:00:00Z --to 2026-11-30T14:05:00Z\n  sudo tracerd report --device nvme0n1 --by qd\n  sudo tracerd report --device nvme0n1 --hist d2c   # biolatency-style histogram of D2C\n  sudo tracerd report --duration 5 --json > capture.json\n  sudo tracerd report --device nvme0n1 --save before.json   # for tracerd diff"
+        after_help = "Examples:\n  sudo tracerd report --duration 10\n  sudo tracerd report --since 10m          # the last 10 minutes, from the running agent\n  sudo tracerd report --from 2026-11-30T14:00:00Z --to 2026-11-30T14:05:00Z\n  sudo tracerd report --interval 1 --count 10   # a table a second, like iostat -x 1\n  sudo tracerd report --device nvme0n1 --by qd\n  sudo tracerd report --device nvme0n1 --hist d2c   # biolatency-style histogram of D2C\n  sudo tracerd report --duration 5 --json > capture.json\n  sudo tracerd report --device nvme0n1 --save before.json   # for tracerd diff"
     )]
     Report {
         /// Capture length in seconds (SIGINT ends it early and still reports).
@@ -88,6 +88,13 @@ pub enum Command {
         /// ... up to this time (same forms; default: now).
         #[arg(long, value_name = "TIME", requires = "from")]
         to: Option<String>,
+        /// A report every SECS seconds until SIGINT or --count: a compact table per interval
+        /// (with --json, one line each), as `iostat -x 1` and biolatency's interval mode print.
+        #[arg(long, value_name = "SECS", value_parser = parse_duration, conflicts_with_all = ["since", "from", "save", "by", "hist"])]
+        interval: Option<f64>,
+        /// With --interval: stop after N reports.
+        #[arg(long, value_name = "N", requires = "interval", value_parser = clap::value_parser!(u64).range(1..))]
+        count: Option<u64>,
         /// Load tracerd's own programs even when an agent runs (by default, a running agent
         /// is asked instead, so that the kernel runs one copy of them).
         #[arg(long, conflicts_with_all = ["since", "from"])]

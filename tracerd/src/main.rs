@@ -67,9 +67,23 @@ async fn dispatch(command: Command, color: ColorWhen) -> Result<()> {
             opts.aggregation = aggregation;
             run::run(&config, selection, opts).await
         }
-        Command::Report { duration, since, from, to, standalone, json, by, hist, save, trace } => {
+        Command::Report {
+            duration,
+            since,
+            from,
+            to,
+            interval,
+            count,
+            standalone,
+            json,
+            by,
+            hist,
+            save,
+            trace,
+        } => {
             let (config, selection, opts) = settings(trace, None)?;
-            let view = report::View { json, by_qd: by == Some(By::Qd), hist, style };
+            let interval = interval.map(|secs| report::Interval { secs, count });
+            let view = report::View { json, by_qd: by == Some(By::Qd), hist, style, interval };
             let source = report::Source::from_args(since, from.as_deref(), to.as_deref(), standalone)?;
             let attach = report::Attach { source, socket: config.socket };
             report::report(duration, view, save.as_deref(), selection, opts, attach).await

@@ -41,6 +41,16 @@ pub struct View {
     /// The stage to draw a log2 histogram of (`--hist`).
     pub hist: Option<Stage>,
     pub style: Style,
+    /// One report per interval (`--interval`, `--count`) instead of one at the end.
+    pub interval: Option<Interval>,
+}
+
+/// `report --interval SECS [--count N]`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Interval {
+    pub secs: f64,
+    /// Stop after this many intervals (default: until SIGINT).
+    pub count: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -389,6 +399,87 @@ fn write_table(
     }
 }
 
+impl Report {
+    /// One interval as a compact table (`--interval`): a row per device and op, with the
+    /// rates and the stage percentiles an incident asks for first, as `iostat -x` prints them.
+    pub fn render_interval(&self, style: Style) -> String {
+        let mut out = String::new();
+        let span = self.from_agent.as_ref().map(|a| (a.from_unix_s, a.to_unix_s));
+        let _ = match span {
+            Some((from, to)) => writeln!(
+                out,
+                "{} to {} ({:.1} s, from the agent)",
+                units::rfc3339(from),
+                &units::rfc3339(to)[11..],
+                to - from
+            ),
+            None => writeln!(out, "{} ({:.1} s)", units::rfc3339(capture::unix_now()), self.duration_s),
+        };
+        let cell = |op: &OpReport, stage: Stage, f: fn(&StageSummary) -> f64| {
+            op.stages.get(&stage).map_or("-".to_string(), |s| t(f(s)))
+        };
+        let rows: Vec<Vec<String>> = self
+            .devices
+            .iter()
+            .flat_map(|d| d.ops.iter().map(move |op| (d, op)))
+            .map(|(d, op)| {
+                vec![
+                    d.label.clone(),
+                    op.op.as_str().to_owned(),
+                    format!("{:.1}", op.iops),
+                    units::bytes(op.bytes_per_second),
+                    cell(op, Stage::Q2d, |s| s.p99_s),
+                    cell(op, Stage::D2c, |s| s.p50_s),
+                    cell(op, Stage::D2c, |s| s.p99_s),
+                    cell(op, Stage::Q2c, |s| s.p50_s),
+                    cell(op, Stage::Q2c, |s| s.p99_s),
+                ]
+            })
+            .collect();
+        if rows.is_empty() {
+            let _ = writeln!(out, "  no IO completed on the traced devices");
+        } else {
+            let time = (Align::Right, 9);
+            write_table(
+                &mut out,
+                style,
+                &[
+                    (Align::Left, 8),
+                    (Align::Left, 7),
+                    (Align::Right, 9),
+                    (Align::Right, 9),
+                    time,
+                    time,
+                    time,
+                    time,
+                    time,
+                ],
+                &["device", "op", "IOPS", "bytes/s", "Q2D p99", "D2C p50", "D2C p99", "Q2C p50", "Q2C p99"],
+                &rows,
+            );
+        }
+        let lost: Vec<String> =
+            self.lost.iter().filter(|(_, n)| **n > 0).map(|(r, n)| format!("{r} {n}")).collect();
+        if !lost.is_empty() {
+            let _ = writeln!(out, "  {}", style.red(&format!("lost events: {}", lost.join(", "))));
+        }
+        out
+    }
+
+    /// One interval: a table, or with --json one line.
+    fn print_interval(&self, view: View) -> Result<()> {
+        let mut out = std::io::stdout().lock();
+        if view.json {
+            serde_json::to_writer(&mut out, self)?;
+            writeln!(out)?;
+        } else {
+            writeln!(out, "{}", self.render_interval(view.style))?;
+        }
+        out.flush()?;
+        Ok(())
+    }
+}
+
 /// Seconds in the tables' units.
 fn t(secs: f64) -> String {
     units::duration_ns(secs * 1e9)
@@ -596,7 +687,10 @@ pub async fn report(
         }
         Source::Auto => match api::call::<api::Status>(socket, &api::Request::Status {}, "status") {
             Ok(status) if !view.by_qd => {
-                return report_from_agent(duration, view, save, &selection, socket, status).await;
+                return match view.interval {
+                    Some(every) => intervals_from_agent(every, view, &selection, socket, status).await,
+                    None => report_from_agent(duration, view, save, &selection, socket, status).await,
+                };
             }
             Ok(_) => tracing::info!("--by qd needs records: tracing with tracerd's own programs"),
             Err(api::AttachError::NoAgent(_)) => {}
@@ -605,6 +699,9 @@ pub async fn report(
         Source::Standalone => {}
     }
     let mut session = Session::start(selection, &opts)?;
+    if let Some(every) = view.interval {
+        return intervals_standalone(&mut session, every, view).await;
+    }
     let ops = session.tracer.ops;
     let base = session.lost()?;
     let mut agg = Aggregator::new(view.by_qd);
@@ -704,16 +801,113 @@ async fn report_from_agent(
         _ = &mut shutdown => {}
     }
     let ended = capture::unix_now();
-    // The frame that holds the end is sealed within one resolution (and a tick).
-    let patience = Instant::now() + Duration::from_secs_f64(status.recorder.resolution_s + 3.0);
+    sealed(socket, ended, status.recorder.resolution_s).await?;
+    show_window(window(socket, started, ended)?, view, save, selection, socket)
+}
+
+/// Waits until the agent has sealed the frame that holds `until`: within one resolution and a
+/// tick; after a few seconds more, what it has is taken.
+async fn sealed(socket: &Path, until: f64, resolution_s: f64) -> Result<()> {
+    let patience = Instant::now() + Duration::from_secs_f64(resolution_s + 3.0);
     loop {
         let now: api::Status = api::call(socket, &api::Request::Status {}, "status")?;
-        if now.recorder.to_unix_s.is_some_and(|t| t >= ended) || Instant::now() > patience {
-            break;
+        if now.recorder.to_unix_s.is_some_and(|t| t >= until) || Instant::now() > patience {
+            return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    show_window(window(socket, started, ended)?, view, save, selection, socket)
+}
+
+/// `report --interval` beside a running agent: each interval is the agent's frames after the
+/// last one shown, so intervals never share a frame; each prints its own span.
+async fn intervals_from_agent(
+    every: Interval,
+    view: View,
+    selection: &Selection,
+    socket: &Path,
+    status: api::Status,
+) -> Result<()> {
+    tracing::info!(
+        "reading from the running agent (pid {}) on {}: a report every {} s",
+        status.pid,
+        socket.display(),
+        every.secs
+    );
+    let resolution = status.recorder.resolution_s;
+    if every.secs < resolution {
+        anyhow::bail!(
+            "the agent's frames are {resolution} s long: give --interval {resolution} or more (or --standalone)"
+        );
+    }
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    // Intervals start where the agent's frame in progress started, and each ends half a frame
+    // short of its length: the frames overlapping it are then those that start in it, one
+    // interval's frames follow the last one's, and none is taken twice.
+    let (mut from, mut shown) = (status.recorder.to_unix_s.unwrap_or_else(capture::unix_now), 0);
+    loop {
+        let until = from + every.secs - resolution / 2.0;
+        let wait = Duration::from_secs_f64((until - capture::unix_now()).max(0.0));
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = &mut shutdown => return Ok(()),
+        }
+        sealed(socket, until, resolution).await?;
+        let request = api::Request::Window { from_unix_s: from, to_unix_s: until };
+        let w: api::WindowAnswer = api::call(socket, &request, "window")?;
+        from = if w.frames > 0 { w.to_unix_s } else { until + resolution / 2.0 };
+        window_report(w, view, None, selection, socket)?.print_interval(view)?;
+        shown += 1;
+        if every.count == Some(shown) {
+            return Ok(());
+        }
+    }
+}
+
+/// `report --interval` with tracerd's own programs: the aggregate is printed and started
+/// afresh every interval.
+async fn intervals_standalone(session: &mut Session, every: Interval, view: View) -> Result<()> {
+    let ops = session.tracer.ops;
+    let kernel = kernel_release();
+    let mut base = session.lost()?;
+    let mut agg = Aggregator::new(view.by_qd);
+    let mut started = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(every.secs));
+    tick.tick().await;
+    let mut rescan = tokio::time::interval(Duration::from_secs(1));
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    let mut shown = 0;
+    loop {
+        let last = tokio::select! {
+            r = session.read(|io, topo| agg.add(io.target, ops.op(io.rec.cmd_flags), io.rec, io.layers, |d| topo.name_of(d))) => {
+                r?;
+                continue;
+            }
+            _ = rescan.tick() => {
+                session.refresh_devices()?;
+                continue;
+            }
+            _ = tick.tick() => false,
+            // Interrupted: the interval so far is printed too, as biolatency does.
+            _ = &mut shutdown => {
+                session.drain_now(|io, topo| {
+                    agg.add(io.target, ops.op(io.rec.cmd_flags), io.rec, io.layers, |d| topo.name_of(d))
+                });
+                true
+            }
+        };
+        let now = session.lost()?;
+        let lost = Lost { series_limit: agg.over_limit, ..now.since(&base) };
+        let elapsed = started.elapsed().as_secs_f64();
+        Report::build_with(&agg, &session.topo, &lost, &session.tracer.hooks, &kernel, elapsed, view.hist)
+            .print_interval(view)?;
+        (agg, base, started) = (Aggregator::new(view.by_qd), now, Instant::now());
+        shown += 1;
+        if last || every.count == Some(shown) {
+            return Ok(());
+        }
+    }
 }
 
 /// Prints (and saves) a window of the agent's recorder, for the devices selected.
@@ -724,6 +918,17 @@ fn show_window(
     selection: &Selection,
     socket: &Path,
 ) -> Result<()> {
+    window_report(w, view, save, selection, socket)?.print(view)
+}
+
+/// A window of the agent's recorder as a report of the devices selected (and saved).
+fn window_report(
+    w: api::WindowAnswer,
+    view: View,
+    save: Option<&Path>,
+    selection: &Selection,
+    socket: &Path,
+) -> Result<Report> {
     let mut capture = w.capture;
     select_devices(&mut capture, selection)?;
     if let Some(path) = save {
@@ -739,8 +944,7 @@ fn show_window(
         to_unix_s: w.to_unix_s,
         frames: w.frames,
     });
-    report.print(view)?;
-    Ok(())
+    Ok(report)
 }
 
 /// Keeps the devices `--device` names (with the devices below them) and drops excluded ones.

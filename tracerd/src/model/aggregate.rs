@@ -408,7 +408,9 @@ impl Aggregator {
         qd.sum += counted.qd_sum;
         qd.count += counted.qd_count;
         for (k, buckets) in counted.hist.iter().enumerate() {
-            if buckets.iter().all(|&n| n == 0) {
+            // A sum without counts is an IO the kernel was counting while it was read: its
+            // counts come with the next fold, and its ns are kept so that `_sum` stays exact.
+            if buckets.iter().all(|&n| n == 0) && counted.stage_ns[k] == 0 {
                 continue;
             }
             let h = stats.stages[Stage::ALL[k].index()].get_or_insert_with(StageHist::new);

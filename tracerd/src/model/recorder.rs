@@ -165,7 +165,9 @@ impl SeriesFrame {
         self.qd_sum += c.qd_sum;
         self.qd_count += c.qd_count;
         for (k, counts) in c.hist.iter().enumerate() {
-            if counts.iter().all(|&n| n == 0) {
+            // A sum without counts: an IO the kernel was counting as the daemon read; its
+            // counts come with the next fold. Kept, so that sums add up over frames.
+            if counts.iter().all(|&n| n == 0) && c.stage_ns[k] == 0 {
                 continue;
             }
             let b = self.stages[Stage::ALL[k].index()].get_or_insert_with(Buckets::new);

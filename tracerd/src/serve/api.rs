@@ -119,7 +119,8 @@ impl Shared {
                 "window from {from_unix_s} to {to_unix_s}: give from_unix_s before to_unix_s (seconds since the Unix epoch)"
             ));
         }
-        let ms = |s: f64| (s.max(0.0) * 1e3) as u64;
+        // Rounded: a window that starts at the last one's end (`to_unix_s`) takes no frame twice.
+        let ms = |s: f64| (s.max(0.0) * 1e3).round() as u64;
         let window =
             self.recorder.lock().unwrap_or_else(|e| e.into_inner()).window(ms(from_unix_s), ms(to_unix_s));
         let (agg, lost) = window.aggregate().map_err(|e| e.to_string())?;
