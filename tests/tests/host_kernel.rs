@@ -792,3 +792,27 @@ fn kernel_aggregation_equals_the_records_io_by_io() {
     }
     assert!(!out.contains("DIFFER"), "{out}");
 }
+
+#[test]
+fn a_device_named_by_a_link_to_its_node_is_traced_as_its_kernel_name() {
+    require_root();
+    let dev = LoopDevice::new(64);
+    // As /dev/disk/by-id/... is: a link to the node, here in a directory of the test's own.
+    let dir = TempDir::new();
+    let link = dir.file("by-id-tracerd-test");
+    std::os::unix::fs::symlink(&dev.path, &link).unwrap();
+    let mut report = Tracerd::spawn(&["report", "--json", "--duration", "600", "--device", &link]);
+    let reads = Workload { write: false, count: 300, size: 4096, qd: 1 };
+    reads.run(&dev);
+    assert!(report.stop(libc::SIGINT).success(), "{}", report.stderr_text());
+    let json: Value = serde_json::from_str(&report.stdout_text()).unwrap();
+    let devices: Vec<&str> =
+        json["devices"].as_array().unwrap().iter().filter_map(|d| d["device"].as_str()).collect();
+    assert_eq!(devices, vec![dev.name.as_str()], "the link names {}", dev.name);
+    let traced = json["devices"][0]["ops"][0]["requests"].as_u64().unwrap();
+    assert_eq!(traced + missed_in_lost(&json["lost"]), reads.count);
+
+    let (status, _, err) = tracerd_output(&["report", "--duration", "1", "--device", "top0"]);
+    assert!(!status.success());
+    assert!(err.contains("unknown block device 'top0'") && err.contains("device-mapper name"), "{err}");
+}

@@ -32,8 +32,9 @@ pub struct Cli {
 
 #[derive(Debug, Args, Clone)]
 pub struct TraceArgs {
-    /// Trace only this block device (kernel name: loop0, nvme0n1, sda1); repeatable.
-    /// Without it, every block device is traced.
+    /// Trace only this block device; repeatable. A kernel name (loop0, nvme0n1, sda1), a
+    /// device-mapper name (vg-lv, /dev/mapper/vg-lv) or any path to the device node
+    /// (/dev/md/NAME, /dev/disk/by-id/...). Without it, every block device is traced.
     #[arg(long = "device", short = 'd', value_name = "NAME")]
     pub devices: Vec<String>,
     /// Never trace this device ("*" matches any run of characters: 'loop*'); repeatable.

@@ -189,9 +189,12 @@ pub fn resolve(file: File, flags: Flags) -> Result<Config> {
     exclude.extend(flags.exclude);
     for (key, names) in [("devices.include", &include), ("devices.exclude", &exclude)] {
         if let Some(bad) =
-            names.iter().find(|n| n.trim().is_empty() || n.contains('/') && !n.starts_with("/dev/"))
+            names.iter().find(|n| n.trim().is_empty() || n.contains('/') && !n.starts_with('/'))
         {
-            bail!("{key} has \"{bad}\": give kernel device names such as loop0 or nvme0n1");
+            bail!(
+                "{key} has \"{bad}\": give kernel names (loop0, nvme0n1), device-mapper names (vg-lv) or \
+                 absolute paths to device nodes (/dev/mapper/vg-lv, /dev/disk/by-id/...)"
+            );
         }
     }
     if let Some(both) = include.iter().find(|n| exclude.iter().any(|p| name_matches(p, n))) {

@@ -772,7 +772,7 @@ dmsetup create lin0 --table "0 131072 linear /dev/ram2 0" || vm_fail "dmsetup cr
 # Request-based dm: a one-path multipath device (dm-1) over nullb6.
 dmsetup create mp0 --table "0 131072 multipath 0 0 1 1 round-robin 0 1 1 /dev/nullb6 1" \
     || vm_fail "dmsetup create mp0"
-for d in ram0 ram1 ram2 md0 dm-0 dm-1 nullb0 nullb6; do
+for d in ram0 ram1 ram2 md0 dm-0 dm-1 nullb0 nullb6 mapper/lin0; do
     [ -b /dev/$d ] || vm_fail "/dev/$d is missing"
 done
 echo VM-SETUP-DONE

@@ -955,7 +955,12 @@ fn select_devices(capture: &mut Capture, selection: &Selection) -> Result<()> {
     if !selection.names.is_empty() {
         let host = Topology::scan().unwrap_or_default();
         let mut keep: Vec<String> = Vec::new();
-        let mut todo: Vec<String> = selection.names.iter().map(|n| strip(n)).collect();
+        // Names as people type them (dm names, /dev/mapper/..., links) to the kernel's.
+        let mut todo: Vec<String> = selection
+            .names
+            .iter()
+            .map(|n| host.find(n).map_or_else(|| strip(n), |d| d.name.clone()))
+            .collect();
         for name in &todo {
             if !capture.devices.iter().any(|d| &d.device == name) && host.by_name(name).is_none() {
                 let mut known: Vec<String> = capture.devices.iter().map(|d| d.device.clone()).collect();

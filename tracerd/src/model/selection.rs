@@ -44,7 +44,11 @@ impl Selection {
             }
         }
         let excluded = |d: &Device| {
-            self.exclude.iter().any(|p| name_matches(p, &d.name) || d.partition && name_matches(p, &d.disk))
+            self.exclude.iter().any(|p| {
+                name_matches(p, &d.name)
+                    || d.partition && name_matches(p, &d.disk)
+                    || d.dm_name.as_ref().is_some_and(|n| name_matches(p, n))
+            })
         };
         if self.names.is_empty() {
             for d in topo.devices().filter(|d| !excluded(d)) {
@@ -56,11 +60,12 @@ impl Selection {
             return Ok(r);
         }
         for name in &self.names {
-            let Some(d) = topo.by_name(name) else {
+            let Some(d) = topo.find(name) else {
                 bail!(
-                    "unknown block device '{name}': it is not in /sys/class/block. \
-                     Known devices: {}. Name a device by its kernel name (e.g. loop0, nvme0n1).",
-                    topo.names().join(", ")
+                    "unknown block device '{name}': it is not in /sys/class/block. Known devices: {}. \
+                     Name a device by its kernel name (loop0, nvme0n1), its device-mapper name \
+                     (vg-lv, /dev/mapper/vg-lv), or a path to its node (/dev/md/NAME, /dev/disk/by-id/...).",
+                    topo.accepted_names()
                 );
             };
             if excluded(d) {

@@ -88,6 +88,44 @@ impl Topology {
         self.devices.values().find(|d| d.name == name)
     }
 
+    /// The device a name typed by a person means: a kernel name (`dm-0`, with or without
+    /// `/dev/`), a device-mapper name (`vg-lv`, `/dev/mapper/vg-lv`: LVM's names), or a path to
+    /// the device node or a link to one (`/dev/md/home`, `/dev/disk/by-id/...`), matched by
+    /// its device number.
+    pub fn find(&self, name: &str) -> Option<&Device> {
+        if let Some(d) = self.by_name(name) {
+            return Some(d);
+        }
+        let bare = name.strip_prefix("/dev/mapper/").unwrap_or(name);
+        if let Some(d) = self.devices.values().find(|d| d.dm_name.as_deref() == Some(bare)) {
+            return Some(d);
+        }
+        if !name.starts_with('/') {
+            return None;
+        }
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let node = fs::metadata(name).ok().filter(|m| m.file_type().is_block_device())?;
+        let rdev = node.rdev();
+        // glibc's major()/minor() encoding of dev_t.
+        let major = ((rdev >> 8) & 0xfff) | ((rdev >> 32) & !0xfff);
+        let minor = (rdev & 0xff) | ((rdev >> 12) & !0xff);
+        self.get(kernel_dev(major as u32, minor as u32))
+    }
+
+    /// The names `find` takes, for error messages: kernel names, with device-mapper names
+    /// beside theirs (`lin0 (dm-0)`).
+    pub fn accepted_names(&self) -> String {
+        let mut names = self.names();
+        let mut dm: Vec<String> = self
+            .devices
+            .values()
+            .filter_map(|d| Some(format!("{} ({})", d.dm_name.as_ref()?, d.name)))
+            .collect();
+        dm.sort();
+        names.extend(dm);
+        names.join(", ")
+    }
+
     pub fn devices(&self) -> impl Iterator<Item = &Device> {
         self.devices.values()
     }
@@ -281,6 +319,16 @@ pub(crate) mod tests {
         let mut stack: Vec<&str> = t.with_lowers("dm-1").iter().map(|d| d.name.as_str()).collect();
         stack.sort();
         assert_eq!(stack, vec!["dm-1", "md0", "ram0", "ram1"]);
+        // Names as people type them: dm names bare or under /dev/mapper, kernel names with /dev/.
+        for (typed, kernel) in
+            [("top", "dm-1"), ("/dev/mapper/top", "dm-1"), ("lin0", "dm-0"), ("/dev/md0", "md0")]
+        {
+            assert_eq!(t.find(typed).map(|d| d.name.as_str()), Some(kernel), "{typed}");
+        }
+        assert!(t.find("top0").is_none() && t.find("/dev/mapper/nothing").is_none());
+        assert!(t.find("/nonexistent/node").is_none(), "a path that is not a block device node");
+        let names = t.accepted_names();
+        assert!(names.contains("ram2, lin0 (dm-0), top (dm-1)"), "{names}");
     }
 
     #[test]
