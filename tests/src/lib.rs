@@ -483,6 +483,20 @@ pub fn note_missed(test: &str, missed: u64) {
     );
 }
 
+/// BPF programs a process holds (its `anon_inode:bpf-prog` descriptors): per process, what
+/// `bpftool prog show` lists with `pids` where bpftool is built with them (it is not here).
+pub fn bpf_programs_held_by(pid: i32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|fds| {
+            fds.flatten()
+                .filter(|fd| {
+                    fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy() == "anon_inode:bpf-prog")
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
 /// How long a test waits for something that must happen before it calls it a hang. Only a
 /// hang may fail a test on time: no assertion depends on how fast the IO or tracerd runs, so
 /// this is far above what the slowest machine (a TCG guest on a loaded host) needs.

@@ -12,8 +12,8 @@ use std::{
 
 use serde_json::Value;
 use tracerd_tests::{
-    HANG, LoopDevice, TempDir, Tracerd, Workload, eventually, missed_completions, missed_in_lost,
-    note_missed, require_root, tracerd_bin, tracerd_output,
+    HANG, LoopDevice, TempDir, Tracerd, Workload, bpf_programs_held_by, eventually, missed_completions,
+    missed_in_lost, note_missed, require_root, tracerd_bin, tracerd_output,
 };
 
 fn unix_now() -> f64 {
@@ -38,16 +38,6 @@ fn op<'a>(report: &'a Value, dev: &str, op: &str) -> Option<&'a Value> {
 
 fn requests(report: &Value, dev: &str, name: &str) -> u64 {
     op(report, dev, name).map_or(0, |o| o["requests"].as_u64().unwrap())
-}
-
-/// tracerd's programs loaded in the kernel now (their names start with the attach kind).
-fn tracerd_program_count() -> usize {
-    aya::programs::loaded_programs()
-        .filter_map(Result::ok)
-        .filter(|p| {
-            ["btf_", "raw_", "kp_", "kr_"].iter().any(|pre| p.name_as_str().unwrap_or("").starts_with(pre))
-        })
-        .count()
 }
 
 /// A view attached to the agent: started, and known to have found it.
@@ -123,14 +113,17 @@ fn views_attach_to_the_agent_and_windows_of_the_past_count_every_io() {
     }
 
     // Three views at once load nothing: the kernel runs the agent's programs alone.
-    let programs = tracerd_program_count();
+    let programs = bpf_programs_held_by(agent.pid());
+    assert_eq!(programs, tracerd::kernel::hooks::HOOKS.len(), "the agent holds a program per hook");
     std::thread::sleep(Duration::from_millis(1500));
     let mut views: Vec<Tracerd> = (0..3).map(|_| attached_report(&socket, &dev.name)).collect();
-    assert_eq!(tracerd_program_count(), programs, "a view attached to the agent loaded programs");
     let during = Workload { write: false, count: 700, size: 4096, qd: 2 };
     during.run(&dev);
     assert!(settled(reads.count + writes.count + during.count), "the agent never counted the last reads");
-    assert_eq!(tracerd_program_count(), programs, "three views, one copy of the programs");
+    for v in &views {
+        assert_eq!(bpf_programs_held_by(v.pid()), 0, "a view attached to the agent loaded programs");
+    }
+    assert_eq!(bpf_programs_held_by(agent.pid()), programs, "three views, one copy of the programs");
     for mut v in views.drain(..) {
         assert!(v.stop(libc::SIGINT).success(), "attached report failed:\n{}", v.stderr_text());
         let r: Value = serde_json::from_str(&v.stdout_text()).expect("report --json");
@@ -267,4 +260,70 @@ fn report_intervals_add_up_to_the_io_attached_and_standalone() {
             }
         }
     }
+}
+
+/// `snoop` JSON lines of one device.
+fn snoop_lines(out: &str, dev: &str) -> Vec<Value> {
+    out.lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .filter(|v| v["device"] == dev)
+        .collect()
+}
+
+#[test]
+fn snoop_streams_from_the_agent_with_filters_and_no_programs_of_its_own() {
+    require_root();
+    let dev = LoopDevice::new(64);
+    let agent = Tracerd::run(&["--device", &dev.name]);
+    let s = agent.socket.clone().unwrap();
+    let s = s.to_str().unwrap();
+    let programs = bpf_programs_held_by(agent.pid());
+    assert_eq!(programs, tracerd::kernel::hooks::HOOKS.len(), "the agent holds a program per hook");
+    let views: Vec<(&str, Vec<&str>)> = vec![
+        ("all", vec!["snoop", "--json", "--device", &dev.name, "--socket", s]),
+        ("text", vec!["snoop", "--device", &dev.name, "--socket", s]),
+        ("iogen", vec!["snoop", "--json", "--comm", "iogen", "--socket", s]),
+        ("nobody", vec!["snoop", "--json", "--pid", "1", "--socket", s]),
+        ("slow", vec!["snoop", "--json", "--min-latency", "10s", "--socket", s]),
+    ];
+    let mut running: Vec<(&str, Tracerd)> =
+        views.iter().map(|(n, args)| (*n, Tracerd::spawn(args))).collect();
+    for (name, v) in &running {
+        assert!(v.stderr_text().contains("reading from the running agent"), "{name}:\n{}", v.stderr_text());
+    }
+    for (name, v) in &running {
+        assert_eq!(bpf_programs_held_by(v.pid()), 0, "{name}: an attached view loaded programs");
+    }
+    assert_eq!(bpf_programs_held_by(agent.pid()), programs, "five views, one copy of the programs");
+    let io = Workload { write: false, count: 800, size: 4096, qd: 4 };
+    io.run(&dev);
+    let read = |m: &tracerd_tests::Metrics| {
+        m.get("tracerd_io_requests_total", &[("device", &dev.name), ("op", "read")]) as u64
+            + missed_completions(m)
+    };
+    assert!(eventually(|| read(&agent.metrics()) == io.count), "the agent never counted the reads");
+    let missed = missed_completions(&agent.metrics());
+    // Lines follow the IO within the agent's next read of the ring buffer.
+    std::thread::sleep(Duration::from_millis(1000));
+    for (name, v) in running.iter_mut() {
+        assert!(v.stop(libc::SIGINT).success(), "{name}:\n{}", v.stderr_text());
+        assert!(!v.stderr_text().contains("dropped"), "{name}: {}", v.stderr_text());
+    }
+    let out = |name: &str| running.iter().find(|(n, _)| *n == name).unwrap().1.stdout_text();
+    let all = snoop_lines(&out("all"), &dev.name);
+    assert_eq!(all.len() as u64 + missed, io.count, "one line per IO");
+    assert!(all.iter().all(|l| l["comm"] == "iogen" && l["pid"].as_u64().unwrap() > 1), "{}", all[0]);
+    assert!(all.iter().all(|l| l["stages_ns"]["d2c"].as_u64().is_some()), "{}", all[0]);
+    let text_lines = out("text").lines().filter(|l| l.starts_with(&dev.name)).count() as u64;
+    assert_eq!(text_lines + missed, io.count, "text: one row per IO");
+    assert_eq!(snoop_lines(&out("iogen"), &dev.name).len(), all.len(), "--comm iogen: every IO");
+    assert!(snoop_lines(&out("nobody"), &dev.name).is_empty(), "--pid 1 does no IO here");
+    assert!(snoop_lines(&out("slow"), &dev.name).is_empty(), "no IO takes 10 s on a loop device");
+    // With the views gone the kernel counts alone again, still exactly.
+    let more = Workload { write: true, count: 300, size: 4096, qd: 2 };
+    more.run(&dev);
+    let written = |m: &tracerd_tests::Metrics| {
+        m.get("tracerd_io_requests_total", &[("device", &dev.name), ("op", "write")]) as u64
+    };
+    assert!(eventually(|| written(&agent.metrics()) + missed_completions(&agent.metrics()) >= more.count));
 }

@@ -476,6 +476,7 @@ pub mod names {
     pub const SETTINGS: &str = "SETTINGS";
     pub const SERIES: &str = "SERIES";
     pub const SERIES_OF: &str = "SERIES_OF";
+    pub const STREAM: &str = "STREAM";
 }
 
 #[cfg(feature = "user")]

@@ -8,7 +8,7 @@ use tracer_common::{IoRecord, agg, event, flag, kind, limits, lost};
 
 use crate::{
     kernel::{Mem, bio_dev, read_current_comm},
-    maps::{BIOS, EVENTS, LINKS, commit_flags, count_lost, is_traced, layout, settings, stacking},
+    maps::{BIOS, EVENTS, LINKS, commit_flags, count_lost, is_traced, layout, settings, stacking, streaming},
     slots::{copy_comm, copy_words, slot_claim, slot_free, slot_get, zero_words},
 };
 
@@ -38,8 +38,9 @@ pub(crate) fn on_bio_queue<M: Mem>(bio: u64) {
     state.opf = M::read(bio, l.bio_bi_opf);
     state.bytes = M::read(bio, l.bio_bi_size);
     state.flags = 0;
-    // Who queued the bio is shown per IO (snoop, report's captures); the agent never shows it.
-    if settings().aggregate == agg::mode::RECORDS {
+    // Who queued the bio is shown per IO only (snoop, report): the agent reads it only while
+    // a view streams from it.
+    if settings().aggregate == agg::mode::RECORDS || streaming() {
         state.pid = bpf_get_current_pid_tgid() as u32;
         read_current_comm(l, &mut state.comm);
     } else {

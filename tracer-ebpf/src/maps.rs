@@ -58,6 +58,12 @@ pub(crate) static SERIES: PerCpuArray<SeriesAgg> =
 #[map]
 pub(crate) static SERIES_OF: Array<u32> = Array::with_max_entries(limits::MAX_DEVICES + 1, 0);
 
+/// Non-zero while a view streams IOs from the agent: IOs the kernel aggregates are then sent
+/// as records too (flagged `IN_KERNEL`). Written by the daemon; `SETTINGS` cannot change after
+/// load.
+#[map]
+pub(crate) static STREAM: Array<u32> = Array::with_max_entries(1, 0);
+
 /// Lower bios remapped by a stacked device, until their Q. Key: lower `struct bio *`;
 /// value: the upper `struct bio *`.
 #[map]
@@ -83,6 +89,12 @@ pub(crate) fn layout() -> &'static KernelLayout {
     let layout = &raw const LAYOUT;
     // SAFETY: a pointer to our own global, read back from the stack.
     unsafe { &*read_volatile(&layout) }
+}
+
+/// Whether a view streams IOs from the agent (`STREAM`).
+#[inline(always)]
+pub(crate) fn streaming() -> bool {
+    STREAM.get(0).is_some_and(|v| *v != 0)
 }
 
 /// The start-up choices, read once per use (volatile: the loader's values, not the zeros).

@@ -13,7 +13,7 @@ use crate::{
     kernel::{Mem, rq_disk, scalar},
     maps::{
         BIOS, DEVICES, EVENTS, LINKS, REQUESTS, commit_flags, count_lost, is_traced, layout, settings,
-        stacking,
+        stacking, streaming,
     },
     slots::{copy_comm, copy_words, slot_claim_free, slot_free, slot_get, zero_words},
 };
@@ -222,7 +222,7 @@ pub(crate) fn on_rq_complete<M: Mem>(rq: u64, error: u32, nr_bytes: u32) {
     s.record.error = error;
     let mode = settings().aggregate;
     if mode != agg::mode::RECORDS && aggregate(&s.record, disk) {
-        if mode == agg::mode::KERNEL {
+        if mode == agg::mode::KERNEL && !streaming() {
             slot_free(state);
             return;
         }

@@ -118,7 +118,7 @@ pub enum Command {
     },
     /// Print one line per IO as it completes.
     #[command(
-        after_help = "Examples:\n  sudo tracerd snoop --device loop0\n  sudo tracerd snoop --json --duration 5 > ios.jsonl"
+        after_help = "Examples:\n  sudo tracerd snoop --device loop0\n  sudo tracerd snoop --min-latency 5ms --comm postgres   # the slow IOs of one program\n  sudo tracerd snoop --json --duration 5 > ios.jsonl"
     )]
     Snoop {
         /// JSON lines instead of columns.
@@ -127,6 +127,19 @@ pub enum Command {
         /// Stop after this many seconds (default: until SIGINT).
         #[arg(long, value_name = "SECS", value_parser = parse_duration)]
         duration: Option<f64>,
+        /// Only IOs at least this slow end to end (Q2C, else D2C): 5ms, 250us, 1s.
+        #[arg(long, value_name = "TIME", value_parser = crate::units::parse_latency)]
+        min_latency: Option<u64>,
+        /// Only IOs submitted by this process.
+        #[arg(long, value_name = "PID")]
+        pid: Option<u32>,
+        /// Only IOs submitted by tasks of this name (as `comm` shows it, at most 15 characters).
+        #[arg(long, value_name = "NAME")]
+        comm: Option<String>,
+        /// Load tracerd's own programs even when an agent runs (by default, a running agent
+        /// streams the IOs, so that the kernel runs one copy of the programs).
+        #[arg(long)]
+        standalone: bool,
         #[command(flatten)]
         trace: TraceArgs,
     },

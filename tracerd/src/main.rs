@@ -88,9 +88,12 @@ async fn dispatch(command: Command, color: ColorWhen) -> Result<()> {
             let attach = report::Attach { source, socket: config.socket };
             report::report(duration, view, save.as_deref(), selection, opts, attach).await
         }
-        Command::Snoop { json, duration, trace } => {
-            let (_, selection, opts) = settings(trace, None)?;
-            snoop::snoop(json, duration, style, selection, opts).await
+        Command::Snoop { json, duration, min_latency, pid, comm, standalone, trace } => {
+            let (config, selection, opts) = settings(trace, None)?;
+            let filter =
+                tracerd::serve::api::StreamFilter { devices: vec![], min_latency_ns: min_latency, pid, comm };
+            let attach = (!standalone).then_some(config.socket.as_path());
+            snoop::snoop(json, duration, style, selection, opts, filter, attach).await
         }
         Command::Diff { a, b, json } => diff::diff(&a, &b, json, style),
         Command::Doctor { json, no_load } => {

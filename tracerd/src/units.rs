@@ -129,6 +129,27 @@ pub fn parse_span(text: &str) -> Result<f64, String> {
     (total > 0.0 && total.is_finite()).then_some(total).ok_or_else(bad)
 }
 
+/// A latency as people type it, in ns: `5ms`, `250us` (or `µs`), `1.5s`, `800ns`.
+pub fn parse_latency(text: &str) -> Result<u64, String> {
+    let s = text.trim();
+    let at = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let scale = match s[at..].trim() {
+        "ns" => 1.0,
+        "us" | "µs" => 1e3,
+        "ms" => 1e6,
+        "s" => 1e9,
+        _ => {
+            return Err(format!(
+                "'{text}' is not a latency: give it with its unit, as 800ns, 250us, 5ms or 1.5s"
+            ));
+        }
+    };
+    match s[..at].parse::<f64>() {
+        Ok(v) if v >= 0.0 && v.is_finite() => Ok((v * scale).round() as u64),
+        _ => Err(format!("'{text}' is not a latency: give it with its unit, as 800ns, 250us, 5ms or 1.5s")),
+    }
+}
+
 /// A point in time, in seconds since the Unix epoch: RFC 3339 (`2026-11-30T15:04:05Z`,
 /// `2026-11-30T16:04:05+01:00`), `now`, or a length of time ago (`10m`, `10m ago`, `-10m`).
 pub fn parse_time(text: &str, now: f64) -> Result<f64, String> {
@@ -279,5 +300,13 @@ mod tests {
         }
         assert!(parse_time("yesterday", now).unwrap_err().contains("not a time"));
         assert_eq!(rfc3339(-1.0), "1969-12-31T23:59:59Z");
+        assert_eq!(parse_latency("5ms"), Ok(5_000_000));
+        assert_eq!(parse_latency("250us"), Ok(250_000));
+        assert_eq!(parse_latency("250µs"), Ok(250_000));
+        assert_eq!(parse_latency("1.5s"), Ok(1_500_000_000));
+        assert_eq!(parse_latency("800ns"), Ok(800));
+        for bad in ["5", "ms", "-1ms", "5 hours"] {
+            assert!(parse_latency(bad).unwrap_err().contains("with its unit"), "{bad}");
+        }
     }
 }

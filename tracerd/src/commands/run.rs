@@ -3,7 +3,7 @@
 use std::{
     cell::RefCell,
     collections::{BTreeMap, HashSet},
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, atomic::Ordering::Relaxed},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -12,11 +12,12 @@ use tracer_common::{SeriesAgg, agg, flag, kind};
 
 use crate::{
     commands::capture::hostname,
+    commands::snoop,
     config::Config,
     kernel::session::{Io, Session, shutdown_signal},
     kernel::tracer::{Aggregation, LoadOptions, kernel_release},
     model::aggregate::{Aggregator, Lost, count_like_the_kernel},
-    model::op::Op,
+    model::op::{Op, OpDecoder},
     model::recorder::{FrameBuilder, Recorder},
     model::selection::Selection,
     model::topology::Topology,
@@ -66,9 +67,9 @@ pub async fn run(config: &Config, selection: Selection, opts: LoadOptions) -> Re
         ..Default::default()
     }));
     tokio::spawn(http::serve(listener, state.clone(), security));
-    let shared = Arc::new(api::Shared {
-        recorder: Mutex::new(Recorder::new(config.recorder)),
-        status: Mutex::new(api::Status {
+    let shared = Arc::new(api::Shared::new(
+        Recorder::new(config.recorder),
+        api::Status {
             tracerd_version: env!("CARGO_PKG_VERSION").into(),
             pid: std::process::id(),
             kernel: kernel_release(),
@@ -87,8 +88,8 @@ pub async fn run(config: &Config, selection: Selection, opts: LoadOptions) -> Re
                 })
                 .collect(),
             ..Default::default()
-        }),
-    });
+        },
+    ));
     tokio::spawn(api::serve(api_listener, shared.clone()));
     tracing::info!("metrics on {scheme}://{listen}/metrics; API on {}", config.socket.display());
     // The frame being filled for the recorder, and the lost counters when it began.
@@ -100,8 +101,14 @@ pub async fn run(config: &Config, selection: Selection, opts: LoadOptions) -> Re
     let check = RefCell::new(Check::default());
     let on_io = |io: &Io, topo: &Topology| {
         let op = ops.op(io.rec.cmd_flags);
+        if shared.stream_count.load(Relaxed) > 0 {
+            stream(&shared, io, topo, &ops);
+        }
         if io.rec.flags & flag::IN_KERNEL != 0 {
-            check.borrow_mut().count_record(io.target, op, io.rec);
+            // Counted in the kernel already: here for the check, or for a stream.
+            if aggregation == Aggregation::Check {
+                check.borrow_mut().count_record(io.target, op, io.rec);
+            }
             return;
         }
         frame.borrow_mut().add_record(io.target, op, io.rec, io.layers);
@@ -174,6 +181,13 @@ pub async fn run(config: &Config, selection: Selection, opts: LoadOptions) -> Re
                 }
                 shared.status.lock().unwrap_or_else(|e| e.into_inner()).traced_devices = st.traced_devices;
             }
+            // A view started or stopped streaming: the kernel sends its aggregated IOs as
+            // records only while one streams.
+            _ = shared.streams_changed.notified() => {
+                if aggregation == Aggregation::Kernel {
+                    session.tracer.set_streaming(shared.stream_count.load(Relaxed) > 0)?;
+                }
+            }
             _ = &mut shutdown => break,
         }
     }
@@ -188,6 +202,21 @@ pub async fn run(config: &Config, selection: Selection, opts: LoadOptions) -> Re
     tracing::info!("shutting down: detaching every program");
     drop(session);
     Ok(())
+}
+
+/// Sends one IO to every stream whose filter it passes, as a `snoop --json` line.
+fn stream(shared: &api::Shared, io: &Io, topo: &Topology, ops: &OpDecoder) {
+    let streams = shared.streams.lock().unwrap_or_else(|e| e.into_inner());
+    let device = topo.name_of(io.target);
+    let mut line: Option<String> = None;
+    for s in streams.iter().filter(|s| s.filter.passes(&device, io.rec)) {
+        let line = line.get_or_insert_with(|| {
+            let mut l = serde_json::to_string(&snoop::line(&device, io, ops, topo)).unwrap_or_default();
+            l.push('\n');
+            l
+        });
+        s.send(line);
+    }
 }
 
 /// Series for every device traced at start, when there are enough for all; else they go to

@@ -3,11 +3,12 @@
 use std::{
     collections::{BTreeMap, HashMap},
     io::Write,
+    path::Path,
     time::Duration,
 };
 
 use anyhow::Result;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tracer_common::{event, flag, kernel_ts, kind};
 
 use crate::{
@@ -19,6 +20,7 @@ use crate::{
     model::selection::Selection,
     model::stage::{Stage, path, path_letters},
     model::topology::Topology,
+    serve::api::{self, StreamFilter},
     style::Style,
     units,
 };
@@ -32,12 +34,17 @@ struct Printer<W: Write> {
     names: HashMap<u32, String>,
     /// RWBS text per `cmd_flags` (a handful of distinct values).
     rwbs: HashMap<u32, String>,
+    /// `--min-latency`, `--pid`, `--comm` (devices are chosen by what is traced).
+    filter: StreamFilter,
     error: Option<std::io::Error>,
 }
 
 impl<W: Write> Printer<W> {
     fn emit(&mut self, io: &Io, topo: &Topology) {
         let name: &String = self.names.entry(io.target).or_insert_with(|| topo.name_of(io.target));
+        if !self.filter.passes(name, io.rec) {
+            return;
+        }
         let r = if self.json {
             let line = line(name, io, &self.ops, topo);
             serde_json::to_writer(&mut self.out, &line)
@@ -195,6 +202,30 @@ pub struct TextLine<'a> {
 }
 
 impl<'a> TextLine<'a> {
+    /// A `snoop --json` line (as the agent streams them) as text; None if it is not one.
+    pub fn from_json(v: &'a serde_json::Value) -> Option<TextLine<'a>> {
+        let mut stages = [None; COLUMNS.len()];
+        for (slot, stage) in stages.iter_mut().zip(COLUMNS) {
+            *slot = v["stages_ns"][stage.as_str()].as_u64();
+        }
+        let path_text = v["path"].as_str()?.as_bytes();
+        let mut path = ([0u8; 6], path_text.len().min(6));
+        path.0[..path.1].copy_from_slice(&path_text[..path.1]);
+        Some(TextLine {
+            device: v["device"].as_str()?,
+            comm: v["comm"].as_str()?,
+            pid: v["pid"].as_u64()? as u32,
+            op: Op::deserialize(&v["op"]).ok()?,
+            rwbs: v["rwbs"].as_str()?,
+            sector: v["sector"].as_u64()?,
+            bytes: v["bytes"].as_u64()? as u32,
+            queue_depth: v["queue_depth"].as_u64()? as u32,
+            path,
+            stages,
+            error: v["error"].as_u64()? as u32,
+        })
+    }
+
     pub fn of(device: &'a str, rwbs: &'a str, io: &Io<'a>, ops: &OpDecoder) -> TextLine<'a> {
         let rec = io.rec;
         let mut stages = [None; COLUMNS.len()];
@@ -298,14 +329,26 @@ fn pad(out: &mut String, s: &str, width: usize, align: Align) {
     }
 }
 
-/// Prints every IO until SIGINT/SIGTERM, `duration`, or a closed stdout.
+/// Prints every IO (that passes `filter`) until SIGINT/SIGTERM, `duration`, or a closed
+/// stdout. With `attach`, a running agent on that socket streams them, and nothing is loaded.
 pub async fn snoop(
     json: bool,
     duration: Option<f64>,
     style: Style,
     selection: Selection,
     opts: LoadOptions,
+    filter: StreamFilter,
+    attach: Option<&Path>,
 ) -> Result<()> {
+    if let Some(socket) = attach {
+        match api::call::<api::Status>(socket, &api::Request::Status {}, "status") {
+            Ok(status) => {
+                return snoop_from_agent(json, duration, style, &selection, filter, socket, status).await;
+            }
+            Err(api::AttachError::NoAgent(_)) => {}
+            Err(e) => tracing::warn!("{e}; tracing with tracerd's own programs instead"),
+        }
+    }
     let mut session = Session::start(selection, &opts)?;
     let mut p = Printer {
         out: std::io::BufWriter::new(std::io::stdout().lock()),
@@ -314,6 +357,7 @@ pub async fn snoop(
         ops: session.tracer.ops,
         names: HashMap::new(),
         rwbs: HashMap::new(),
+        filter,
         error: None,
     };
     if !json {
@@ -344,6 +388,88 @@ pub async fn snoop(
     match p.error {
         // A closed pipe (snoop | head) is a normal way to stop.
         Some(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+/// `snoop` beside a running agent: it streams the IOs that pass the filter (and are on the
+/// devices asked for, with the devices below them), one `snoop --json` line each.
+async fn snoop_from_agent(
+    json: bool,
+    duration: Option<f64>,
+    style: Style,
+    selection: &Selection,
+    mut filter: StreamFilter,
+    socket: &Path,
+    status: api::Status,
+) -> Result<()> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let host = Topology::scan()?;
+    for name in &selection.names {
+        let Some(d) = host.find(name) else {
+            anyhow::bail!("unknown block device '{name}'. Known devices: {}.", host.accepted_names());
+        };
+        filter.devices.extend(host.with_lowers(&d.name).into_iter().map(|d| d.name.clone()));
+    }
+    let stream = tokio::net::UnixStream::connect(socket).await?;
+    let (read, mut write) = stream.into_split();
+    let mut request = serde_json::to_value(api::Request::Stream { filter })?;
+    request["version"] = api::VERSION.into();
+    write.write_all(format!("{request}\n").as_bytes()).await?;
+    let mut lines = tokio::io::BufReader::new(read).lines();
+    let header: serde_json::Value = serde_json::from_str(&lines.next_line().await?.unwrap_or_default())
+        .map_err(|e| anyhow::anyhow!("the agent on {} did not start a stream: {e}", socket.display()))?;
+    if let Some(e) = header["error"].as_str() {
+        anyhow::bail!("the agent on {} refused the stream: {e}", socket.display());
+    }
+    tracing::info!(
+        "reading from the running agent (pid {}) on {}: streaming, no programs loaded (--standalone loads them)",
+        status.pid,
+        socket.display()
+    );
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    if !json {
+        write_header(&mut out, style)?;
+        out.flush()?;
+    }
+    let deadline = tokio::time::sleep(Duration::from_secs_f64(duration.unwrap_or(f64::from(u32::MAX))));
+    tokio::pin!(deadline);
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    let mut dropped = 0u64;
+    let result: std::io::Result<()> = loop {
+        let line = tokio::select! {
+            l = lines.next_line() => l?,
+            _ = &mut deadline => break Ok(()),
+            _ = &mut shutdown => break Ok(()),
+        };
+        let Some(line) = line else {
+            tracing::warn!("the agent closed the stream (it stopped?)");
+            break Ok(());
+        };
+        let written = if line.starts_with("{\"version\"") {
+            let notice: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+            dropped += notice["dropped"].as_u64().unwrap_or(0);
+            Ok(())
+        } else if json {
+            writeln!(out, "{line}")
+        } else {
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+            match TextLine::from_json(&v) {
+                Some(text) => write_text(&mut out, &text, style),
+                None => Ok(()),
+            }
+        };
+        if let Err(e) = written.and_then(|_| out.flush()) {
+            break Err(e);
+        }
+    };
+    if dropped > 0 {
+        tracing::warn!("lost events: the agent dropped {dropped} lines this view did not read in time");
+    }
+    match result {
+        // A closed pipe (snoop | head) is a normal way to stop.
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
         _ => Ok(()),
     }
 }

@@ -285,6 +285,13 @@ impl Tracer {
         self.series.give(&mut self.ebpf, dev, index)
     }
 
+    /// While `on`, IOs the kernel aggregates are sent as records too (a view streams them).
+    pub fn set_streaming(&mut self, on: bool) -> Result<()> {
+        let map = self.ebpf.map_mut(names::STREAM).context("no STREAM map in the BPF object")?;
+        let mut stream: aya::maps::Array<_, u32> = aya::maps::Array::try_from(map)?;
+        stream.set(0, on as u32, 0).context("cannot switch the stream of records")
+    }
+
     /// Hands what the kernel counted since the last fold to `f`, per (device, op).
     pub fn fold_series(&mut self, f: impl FnMut(u32, u32, &tracer_common::SeriesAgg)) -> Result<()> {
         self.series.fold(&self.ebpf, f)

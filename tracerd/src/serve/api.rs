@@ -41,6 +41,61 @@ pub enum Request {
     Status {},
     /// The recorder's frames that overlap `[from_unix_s, to_unix_s)`, added up into a capture.
     Window { from_unix_s: f64, to_unix_s: f64 },
+    /// Every IO from now on, one `snoop --json` line each, that passes the filters.
+    Stream {
+        #[serde(flatten)]
+        filter: StreamFilter,
+    },
+}
+
+/// Which IOs a stream carries: all of them, unless a filter says otherwise.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamFilter {
+    /// Kernel names of the devices (the IO's traced device); empty: every device.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<String>,
+    /// Only IOs at least this slow, end to end (Q2C, else D2C, else Q2M).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_latency_ns: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comm: Option<String>,
+}
+
+impl StreamFilter {
+    pub fn passes(&self, device: &str, rec: &tracer_common::IoRecord) -> bool {
+        use crate::model::stage::Stage;
+        (self.devices.is_empty() || self.devices.iter().any(|d| d == device))
+            && self.pid.is_none_or(|p| p == rec.pid)
+            && self.comm.as_deref().is_none_or(|c| c == crate::kernel::record::comm(rec))
+            && self.min_latency_ns.is_none_or(|min| {
+                let took = Stage::Q2c.of(rec).or_else(|| Stage::D2c.of(rec)).or_else(|| Stage::Q2m.of(rec));
+                took.is_some_and(|ns| ns >= min)
+            })
+    }
+}
+
+/// A view streaming from the agent: its filter, where its lines go, and how many did not fit.
+#[derive(Debug)]
+pub struct Subscriber {
+    id: u64,
+    pub filter: StreamFilter,
+    lines: tokio::sync::mpsc::Sender<String>,
+    dropped: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// Lines a slow view may fall behind by before the agent drops (and counts) its lines.
+const STREAM_BACKLOG: usize = 16_384;
+
+impl Subscriber {
+    /// Queues a line; a full queue drops it, counted, and the view is told.
+    pub fn send(&self, line: &str) {
+        if self.lines.try_send(line.to_owned()).is_err() {
+            self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 /// The agent, as `status` answers.
@@ -87,14 +142,25 @@ pub struct WindowAnswer {
     pub capture: Capture,
 }
 
-/// What the API serves from: the recorder and what `status` says of the agent.
+/// What the API serves from: the recorder, what `status` says of the agent, and the views
+/// streaming IOs.
 #[derive(Debug, Default)]
 pub struct Shared {
     pub recorder: Mutex<Recorder>,
     pub status: Mutex<Status>,
+    pub streams: Mutex<Vec<Subscriber>>,
+    /// The number of streams, read per IO without the lock.
+    pub stream_count: std::sync::atomic::AtomicUsize,
+    /// Woken when a stream starts or ends (the agent switches the kernel's records on or off).
+    pub streams_changed: tokio::sync::Notify,
+    next_id: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
+    pub fn new(recorder: Recorder, status: Status) -> Shared {
+        Shared { recorder: Mutex::new(recorder), status: Mutex::new(status), ..Default::default() }
+    }
+
     fn status(&self) -> Status {
         let mut s = self.status.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let r = self.recorder.lock().unwrap_or_else(|e| e.into_inner());
@@ -137,10 +203,34 @@ impl Shared {
         })
     }
 
+    fn subscribe(
+        &self,
+        filter: StreamFilter,
+    ) -> (u64, tokio::sync::mpsc::Receiver<String>, Arc<std::sync::atomic::AtomicU64>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (tx, rx) = tokio::sync::mpsc::channel(STREAM_BACKLOG);
+        let id = self.next_id.fetch_add(1, Relaxed);
+        let dropped = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        streams.push(Subscriber { id, filter, lines: tx, dropped: dropped.clone() });
+        self.stream_count.store(streams.len(), Relaxed);
+        self.streams_changed.notify_one();
+        (id, rx, dropped)
+    }
+
+    fn unsubscribe(&self, id: u64) {
+        let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        streams.retain(|s| s.id != id);
+        self.stream_count.store(streams.len(), std::sync::atomic::Ordering::Relaxed);
+        self.streams_changed.notify_one();
+    }
+
     /// The answer line to one request line.
     fn answer(&self, line: &[u8]) -> String {
         let reply = match parse_request(line) {
             Err(e) => Err(e),
+            // Streams are served by `stream`, before an answer is asked for.
+            Ok(Request::Stream { .. }) => Err("a stream is answered line by line".into()),
             Ok(Request::Status {}) => Ok(("status", serde_json::to_value(self.status()))),
             Ok(Request::Window { from_unix_s, to_unix_s }) => {
                 self.window(from_unix_s, to_unix_s).map(|w| ("window", serde_json::to_value(w)))
@@ -179,8 +269,12 @@ fn parse_request(line: &[u8]) -> Result<Request, String> {
         }
         None => return Err(format!("the request has no \"version\" (this agent speaks version {VERSION})")),
     }
-    serde_json::from_value(Value::Object(fields))
-        .map_err(|e| format!("not a valid request ({e}); requests: status, window (from_unix_s, to_unix_s)"))
+    serde_json::from_value(Value::Object(fields)).map_err(|e| {
+        format!(
+            "not a valid request ({e}); requests: status, window (from_unix_s, to_unix_s), stream \
+                 (devices, min_latency_ns, pid, comm)"
+        )
+    })
 }
 
 /// The bound socket's path: removed when dropped, unless another agent's socket has replaced
@@ -262,6 +356,9 @@ async fn handle(stream: tokio::net::UnixStream, shared: Arc<Shared>) {
     let mut line = Vec::new();
     let mut limited = tokio::io::BufReader::new(read).take(MAX_REQUEST as u64 + 1);
     let read = tokio::time::timeout(REQUEST_TIMEOUT, limited.read_until(b'\n', &mut line)).await;
+    if let (Ok(Ok(_)), Ok(Request::Stream { filter })) = (&read, parse_request(&line)) {
+        return stream_to(limited, write, filter, &shared).await;
+    }
     let reply = match read {
         Err(_) => error_body("no request within 5 s: send one JSON line ending in a newline").to_string(),
         Ok(Err(_)) => return,
@@ -277,6 +374,39 @@ async fn handle(stream: tokio::net::UnixStream, shared: Arc<Shared>) {
     };
     let _ = write.write_all(format!("{reply}\n").as_bytes()).await;
     let _ = write.shutdown().await;
+}
+
+/// Sends a view every IO that passes its filter, until it hangs up: a header line, then one
+/// `snoop --json` line per IO, and `{"version":1,"dropped":N}` when lines did not fit its
+/// backlog (never silently).
+async fn stream_to(
+    mut read: impl tokio::io::AsyncRead + Unpin,
+    mut write: tokio::net::unix::OwnedWriteHalf,
+    filter: StreamFilter,
+    shared: &Shared,
+) {
+    let (id, mut lines, dropped) = shared.subscribe(filter);
+    let header = serde_json::json!({ "version": VERSION, "stream": { "started_unix_s": crate::commands::capture::unix_now() } });
+    let mut ok = write.write_all(format!("{header}\n").as_bytes()).await.is_ok();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut scratch = [0u8; 64];
+    while ok {
+        tokio::select! {
+            line = lines.recv() => match line {
+                Some(line) => ok = write.write_all(line.as_bytes()).await.is_ok(),
+                None => break,
+            },
+            // The view hung up (or sent more than its request).
+            n = read.read(&mut scratch) => if !matches!(n, Ok(n) if n > 0) { break },
+            _ = tick.tick() => {}
+        }
+        let n = dropped.swap(0, std::sync::atomic::Ordering::Relaxed);
+        if ok && n > 0 {
+            let notice = serde_json::json!({ "version": VERSION, "dropped": n });
+            ok = write.write_all(format!("{notice}\n").as_bytes()).await.is_ok();
+        }
+    }
+    shared.unsubscribe(id);
 }
 
 /// Why a view could not use the agent.
