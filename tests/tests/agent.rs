@@ -76,9 +76,12 @@ fn views_attach_to_the_agent_and_windows_of_the_past_count_every_io() {
         })
     };
     assert!(settled(reads.count), "the agent never counted the reads:\n{}", agent.stderr_text());
-    // Frames are a second long: the reads end in a frame before `between`.
-    std::thread::sleep(Duration::from_millis(2500));
+    let reads_done = unix_now();
+    // Frames are a second long: the reads end in a frame before `between`, and the frame that
+    // holds `cut` has neither reads nor writes.
+    std::thread::sleep(Duration::from_millis(3000));
     let between = unix_now();
+    let cut = reads_done + 1.5;
     writes.run(&dev);
     assert!(settled(reads.count + writes.count), "the agent never counted the writes");
     let missed = missed_completions(&agent.metrics());
@@ -110,6 +113,28 @@ fn views_attach_to_the_agent_and_windows_of_the_past_count_every_io() {
         let later = report_json(&socket, &["--from", &from, "--device", &dev.name]).unwrap();
         assert_eq!(requests(&later, &dev.name, "read"), 0, "{later:#}");
         assert_eq!(requests(&later, &dev.name, "write"), writes.count, "{later:#}");
+        // diff of two windows of the agent: the reads before `between`, the writes after.
+        let cut = format!("{}.{:03}Z", &tracerd::units::rfc3339(cut)[..19], (cut.fract() * 1e3) as u32);
+        let (a, b) = (format!("@1h..{cut}"), format!("@{cut}..now"));
+        let (status, out, err) =
+            tracerd_output(&["diff", "--json", "--socket", socket.to_str().unwrap(), &a, &b]);
+        assert!(status.success(), "diff of two windows: {err}");
+        let d: Value = serde_json::from_str(&out).unwrap();
+        let only = |side: &str| -> Vec<String> {
+            d[side]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|m| m["device"] == dev.name.as_str())
+                .map(|m| m["op"].to_string())
+                .collect()
+        };
+        assert_eq!(
+            (only("only_in_a"), only("only_in_b")),
+            (vec!["\"read\"".to_string()], vec!["\"write\"".to_string()]),
+            "{d:#}"
+        );
+        assert!(d["a"]["file"].as_str().unwrap().starts_with("agent "), "{}", d["a"]);
     }
 
     // Three views at once load nothing: the kernel runs the agent's programs alone.
@@ -326,4 +351,90 @@ fn snoop_streams_from_the_agent_with_filters_and_no_programs_of_its_own() {
         m.get("tracerd_io_requests_total", &[("device", &dev.name), ("op", "write")]) as u64
     };
     assert!(eventually(|| written(&agent.metrics()) + missed_completions(&agent.metrics()) >= more.count));
+}
+
+/// The visible screen of a tmux session.
+fn pane(session: &str) -> String {
+    let out = Command::new("tmux").args(["capture-pane", "-p", "-t", session]).output().expect("tmux");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn tmux(args: &[&str]) {
+    let out = Command::new("tmux").args(args).output().expect("tmux (apt install tmux)");
+    assert!(out.status.success(), "tmux {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The screen line of each device's first row (None if not shown).
+fn row_of(screen: &str, dev: &str) -> Option<usize> {
+    screen.lines().position(|l| l.starts_with(&format!("{dev} ")))
+}
+
+#[test]
+fn top_under_tmux_shows_the_devices_sorts_on_a_key_and_leaves_a_clean_terminal() {
+    require_root();
+    let (fast, slow) = (LoopDevice::new(64), LoopDevice::new(256));
+    let agent = Tracerd::run(&["--device", &fast.name, "--device", &slow.name]);
+    let socket = agent.socket.clone().unwrap();
+    // Known IO all along: many small reads on one device, few large ones on the other.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load: Vec<_> = [(fast.path.clone(), 4096u64, 2000u64), (slow.path.clone(), 1 << 20, 50)]
+        .into_iter()
+        .map(|(path, size, count)| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    Workload { write: false, count, size, qd: 1 }.run_on(&path);
+                }
+            })
+        })
+        .collect();
+    let session = format!("tracerd-top-{}", std::process::id());
+    let command = format!(
+        "{} top --socket {} --device {} --device {}; echo TOP-EXITED $?; sleep 600",
+        tracerd_bin().display(),
+        socket.display(),
+        fast.name,
+        slow.name
+    );
+    tmux(&["new-session", "-d", "-s", &session, "-x", "80", "-y", "24", &command]);
+    let ordered =
+        |first: &str, second: &str, screen: &str| match (row_of(screen, first), row_of(screen, second)) {
+            (Some(a), Some(b)) => a < b,
+            _ => false,
+        };
+    // Sorted by Q2C p99 at first: the device of 1 MiB reads on top.
+    let mut screen = String::new();
+    let shown = eventually(|| {
+        screen = pane(&session);
+        screen.contains("sort: Q2C p99") && ordered(&slow.name, &fast.name, &screen)
+    });
+    assert!(shown, "top never showed both devices, slowest first:\n{screen}");
+    assert!(screen.lines().all(|l| l.chars().count() <= 80), "fits 80 columns:\n{screen}");
+    let clock = |s: &str| s.lines().next().unwrap_or("").split_whitespace().nth(2).unwrap_or("").to_owned();
+    let first = clock(&screen);
+    assert!(
+        eventually(|| clock(&pane(&session)) != first),
+        "the screen never refreshed:\n{}",
+        pane(&session)
+    );
+    // Two presses of `s`: sorted by IOPS, the device of small reads on top.
+    tmux(&["send-keys", "-t", &session, "s"]);
+    tmux(&["send-keys", "-t", &session, "s"]);
+    let resorted = eventually(|| {
+        screen = pane(&session);
+        screen.contains("sort: IOPS") && ordered(&fast.name, &slow.name, &screen)
+    });
+    assert!(resorted, "`s` never sorted by IOPS:\n{screen}");
+    tmux(&["send-keys", "-t", &session, "q"]);
+    let left = eventually(|| {
+        screen = pane(&session);
+        screen.contains("TOP-EXITED 0")
+    });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = Command::new("tmux").args(["kill-session", "-t", &session]).output();
+    for t in load {
+        t.join().unwrap();
+    }
+    assert!(left, "`q` did not end top with status 0:\n{screen}");
+    assert!(!screen.contains("Q2C p99"), "the alternate screen was not left:\n{screen}");
 }

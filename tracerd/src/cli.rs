@@ -143,18 +143,42 @@ pub enum Command {
         #[command(flatten)]
         trace: TraceArgs,
     },
+    /// A live full-screen view, refreshed every second: a row per device and op with rates,
+    /// queue depth and stage percentiles, stacks as trees; keys sort, filter, switch the stage,
+    /// pause (h for help, q to quit).
+    #[command(
+        after_help = "Examples:\n  sudo tracerd top                      # beside a running agent: its frames, nothing loaded\n  sudo tracerd top --device nvme0n1 --standalone"
+    )]
+    Top {
+        /// Load tracerd's own programs even when an agent runs.
+        #[arg(long)]
+        standalone: bool,
+        #[command(flatten)]
+        trace: TraceArgs,
+    },
     /// Compare two captures saved by `report --save`: per device, op and stage, counts and
     /// p50/p99/p99.9 side by side, with `*` where a change is larger than sampling noise.
     #[command(
-        after_help = "Examples:\n  sudo tracerd report --device nvme0n1 --duration 30 --save before.json\n  sudo tracerd report --device nvme0n1 --duration 30 --save after.json\n  tracerd diff before.json after.json\n  tracerd diff before.json after.json --json | jq '.devices[].ops[].stages[]'"
+        after_help = "Examples:\n  sudo tracerd report --device nvme0n1 --duration 30 --save before.json\n  sudo tracerd report --device nvme0n1 --duration 30 --save after.json\n  tracerd diff before.json after.json\n  tracerd diff before.json after.json --json | jq '.devices[].ops[].stages[]'\n  sudo tracerd diff --since 5m --ago 1h   # the agent's last 5 minutes against the same 5 an hour ago\n  sudo tracerd diff @2026-11-30T14:00:00Z..2026-11-30T14:05:00Z @10m..now"
     )]
     Diff {
-        /// The capture to compare from (the baseline).
-        #[arg(value_name = "A")]
-        a: PathBuf,
-        /// The capture to compare to.
-        #[arg(value_name = "B")]
-        b: PathBuf,
+        /// The baseline: a capture file, or a window of the running agent as @FROM..TO
+        /// (@1h5m..1h, @2026-11-30T14:00:00Z..2026-11-30T14:05:00Z).
+        #[arg(value_name = "A", required_unless_present = "since")]
+        a: Option<String>,
+        /// What to compare with it: a capture file or @FROM..TO.
+        #[arg(value_name = "B", required_unless_present = "since")]
+        b: Option<String>,
+        /// Compare the agent's last SPAN (B) with the same span AGO earlier (A): --since 5m
+        /// --ago 1h.
+        #[arg(long, value_name = "SPAN", value_parser = crate::units::parse_span, requires = "ago", conflicts_with_all = ["a", "b"])]
+        since: Option<f64>,
+        /// With --since: how much earlier the baseline is.
+        #[arg(long, value_name = "SPAN", value_parser = crate::units::parse_span, requires = "since")]
+        ago: Option<f64>,
+        /// The agent's API socket, for windows [default: /run/tracerd/tracerd.sock].
+        #[arg(long, value_name = "PATH")]
+        socket: Option<PathBuf>,
         /// Print JSON (schema in the README) instead of tables.
         #[arg(long)]
         json: bool,

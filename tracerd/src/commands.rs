@@ -1,5 +1,5 @@
 //! The commands: the agent (`run`), `report` and its captures and histogram view, `snoop`,
-//! `diff`, `doctor`.
+//! `diff`, `doctor`, `top`.
 
 pub mod capture;
 pub mod diff;
@@ -8,3 +8,4 @@ pub mod histogram_view;
 pub mod report;
 pub mod run;
 pub mod snoop;
+pub mod top;

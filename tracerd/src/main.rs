@@ -10,6 +10,7 @@ use tracerd::{
     commands::report,
     commands::run,
     commands::snoop,
+    commands::top,
     config::{Config, Flags},
     kernel::tracer::LoadOptions,
     model::aggregate,
@@ -95,7 +96,24 @@ async fn dispatch(command: Command, color: ColorWhen) -> Result<()> {
             let attach = (!standalone).then_some(config.socket.as_path());
             snoop::snoop(json, duration, style, selection, opts, filter, attach).await
         }
-        Command::Diff { a, b, json } => diff::diff(&a, &b, json, style),
+        Command::Top { standalone, trace } => {
+            let (config, selection, opts) = settings(trace, None)?;
+            let attach = (!standalone).then_some(config.socket.as_path());
+            top::top(style.is_on(), selection, opts, attach).await
+        }
+        Command::Diff { a, b, since, ago, socket, json } => {
+            let now = tracerd::commands::capture::unix_now();
+            let (a, b) = match (a, b, since, ago) {
+                (_, _, Some(span), Some(ago)) => (
+                    diff::Source::Window { from_unix_s: now - ago - span, to_unix_s: now - ago },
+                    diff::Source::Window { from_unix_s: now - span, to_unix_s: now },
+                ),
+                (Some(a), Some(b), _, _) => (diff::Source::parse(&a, now)?, diff::Source::parse(&b, now)?),
+                _ => anyhow::bail!("diff takes two captures (A B), or --since SPAN --ago SPAN"),
+            };
+            let socket = socket.unwrap_or_else(|| tracerd::serve::api::DEFAULT_SOCKET.into());
+            diff::diff(&a, &b, &socket, json, style)
+        }
         Command::Doctor { json, no_load } => {
             // A FAIL is a finding, already printed: exit 1 without an error line.
             if !doctor::doctor(json, !no_load)? {

@@ -335,9 +335,26 @@ impl Tracer {
 
     fn stop(&mut self) -> Result<Option<u64>> {
         let Some(mut child) = self.child.take() else { return Ok(None) };
-        // SIGINT: every tracer prints/cleans up on it.
-        let _ = Command::new("kill").args(["-INT", &child.id().to_string()]).status();
-        let status = child.wait()?;
+        // SIGINT: every tracer prints/cleans up on it. bpftrace once missed one (a bench run
+        // waited on it for minutes): it is sent again every 5 s, and after 30 s the tracer is
+        // killed and the run fails.
+        let mut status = None;
+        for _ in 0..6 {
+            let _ = Command::new("kill").args(["-INT", &child.id().to_string()]).status();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while status.is_none() && Instant::now() < deadline {
+                status = child.try_wait()?;
+                sleep(Duration::from_millis(50));
+            }
+            if status.is_some() {
+                break;
+            }
+        }
+        let Some(status) = status else {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("the tracer did not exit within 30 s of SIGINT (sent every 5 s)");
+        };
         if !status.success() && status.code() != Some(130) {
             bail!("tracer exited with {status}: {}", fs::read_to_string(&self.stderr).unwrap_or_default());
         }
@@ -793,13 +810,14 @@ fn summarize(results: &Results, costs: &Results, soak: &Soak, records: &str, rec
                     fmt_ns(med(samples, |s| s.bpf_ns_per_io))
                 );
                 // The profile behind the total: which program costs what, and how often it
-                // runs per IO (a tracer with more hooks pays per hook).
+                // runs per IO (a tracer with more hooks pays per hook); programs that never ran
+                // are left out.
                 let mut names: Vec<&String> = samples.iter().flat_map(|s| s.bpf_by_program.keys()).collect();
                 names.sort();
                 names.dedup();
                 let parts: Vec<String> = names
                     .iter()
-                    .map(|n| {
+                    .filter_map(|n| {
                         let of = |i: usize| {
                             let v: Vec<f64> = samples
                                 .iter()
@@ -809,7 +827,8 @@ fn summarize(results: &Results, costs: &Results, soak: &Soak, records: &str, rec
                             (!v.is_empty()).then(|| median(v))
                         };
                         let (ns, runs) = (of(0), of(1));
-                        format!("{n} {} x{:.2}", fmt_ns(ns), runs.unwrap_or(0.0))
+                        (runs.unwrap_or(0.0) > 0.0)
+                            .then(|| format!("{n} {} x{:.2}", fmt_ns(ns), runs.unwrap_or(0.0)))
                     })
                     .collect();
                 if !parts.is_empty() {

@@ -13,7 +13,7 @@ const LLVM: &str = "/usr/lib/llvm-22";
 const LINKER_BUILD_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev", "zlib1g-dev"];
 /// What the integration tests drive IO and check with.
 const TEST_PACKAGES: &[&str] =
-    &["fio", "util-linux", "fdisk", "cpio", "prometheus", "systemd", "curl", "openssl"];
+    &["fio", "util-linux", "fdisk", "cpio", "prometheus", "systemd", "curl", "openssl", "tmux"];
 
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.

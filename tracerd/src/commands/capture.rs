@@ -87,9 +87,18 @@ pub struct OpCapture {
     pub merged_bios: u64,
     pub errors: u64,
     pub stages: BTreeMap<Stage, Hist>,
+    /// Queue depth at issue: sum and count of the requests issued with one known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_depth: Option<QueueDepthCapture>,
     /// Stacked devices: the upper IOs' Q2C split against each lower device.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub layers: Vec<LayerCapture>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueDepthCapture {
+    pub sum: u64,
+    pub count: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -302,6 +311,8 @@ impl Capture {
                     .filter_map(|&st| Some((st, Hist::of(s.stage(st)?))))
                     .filter(|(_, h)| h.count > 0)
                     .collect(),
+                queue_depth: (s.queue_depth.count > 0)
+                    .then_some(QueueDepthCapture { sum: s.queue_depth.sum, count: s.queue_depth.count }),
                 layers: s
                     .layers
                     .iter()
@@ -365,6 +376,9 @@ impl Capture {
                 };
                 for (stage, h) in &o.stages {
                     stats.stages[stage.index()] = Some(boxed(h));
+                }
+                if let Some(q) = o.queue_depth {
+                    (stats.queue_depth.sum, stats.queue_depth.count) = (q.sum, q.count);
                 }
                 for l in &o.layers {
                     let lower = id_of(&l.lower, &mut agg);

@@ -93,6 +93,9 @@ pub struct OpReport {
     pub errors: u64,
     pub iops: f64,
     pub bytes_per_second: f64,
+    /// Mean queue depth at issue, of the requests issued with one known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_depth_mean: Option<f64>,
     /// Requests per event path ("QGDC": no insert, "QGIDC": through the scheduler).
     pub paths: BTreeMap<String, u64>,
     pub stages: BTreeMap<Stage, StageSummary>,
@@ -183,6 +186,8 @@ impl OpReport {
             errors: s.errors,
             iops: s.requests as f64 / duration_s,
             bytes_per_second: s.bytes as f64 / duration_s,
+            queue_depth_mean: (s.queue_depth.count > 0)
+                .then(|| s.queue_depth.sum as f64 / s.queue_depth.count as f64),
             paths: s
                 .paths
                 .iter()
@@ -753,7 +758,7 @@ const BY_QD_NEEDS_RECORDS: &str = "--by qd needs every IO's record, and the agen
      per-queue-depth tables: report the present with --standalone --by qd";
 
 /// A window of the agent's recorder; an empty one is an error that says what the recorder holds.
-fn window(socket: &Path, from_unix_s: f64, to_unix_s: f64) -> Result<api::WindowAnswer> {
+pub fn window(socket: &Path, from_unix_s: f64, to_unix_s: f64) -> Result<api::WindowAnswer> {
     let w: api::WindowAnswer = api::call(socket, &api::Request::Window { from_unix_s, to_unix_s }, "window")
         .map_err(|e| match e {
             api::AttachError::NoAgent(_) => anyhow::anyhow!(
@@ -919,6 +924,11 @@ fn show_window(
     socket: &Path,
 ) -> Result<()> {
     window_report(w, view, save, selection, socket)?.print(view)
+}
+
+/// A window of the agent's recorder as a report of the devices selected (`top`).
+pub fn window_report_for(w: api::WindowAnswer, selection: &Selection, socket: &Path) -> Result<Report> {
+    window_report(w, View::default(), None, selection, socket)
 }
 
 /// A window of the agent's recorder as a report of the devices selected (and saved).

@@ -1,0 +1,535 @@
+//! `tracerd top`: a live full-screen view, refreshed every second: a row per device and op with
+//! its rates, queue depth and stage percentiles, stacked devices as trees over the devices
+//! below them, sorted by the column chosen. Beside a running agent it reads the agent's frames
+//! (one per second); without one it loads tracerd's own programs.
+//!
+//! The terminal is driven by ratatui (over crossterm): the maintained Rust terminal UI library,
+//! whose `try_init`/`restore` enter and leave raw mode and the alternate screen and restore the
+//! terminal from a panic hook too; tables and layout come with it.
+
+use std::{io::IsTerminal, path::Path, time::Duration};
+
+use anyhow::Result;
+use ratatui::{
+    Frame,
+    crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers},
+    layout::{Constraint, Layout, Rect},
+    style::{Color, Modifier, Style as Look},
+    text::Line,
+    widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table},
+};
+
+use crate::{
+    commands::capture,
+    commands::report::{DeviceReport, OpReport, Report},
+    kernel::session::{Session, shutdown_signal},
+    kernel::tracer::{LoadOptions, kernel_release},
+    model::aggregate::{Aggregator, Lost},
+    model::selection::Selection,
+    model::stage::Stage,
+    serve::api,
+    units,
+};
+
+/// The stages `tab` cycles through for the two percentile columns.
+const STAGES: [Stage; 7] =
+    [Stage::Q2g, Stage::G2i, Stage::I2d, Stage::G2d, Stage::Q2d, Stage::D2c, Stage::Q2c];
+
+/// What rows are sorted by (`s` cycles), largest first, names in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sort {
+    Q2cP99,
+    StageP99,
+    Iops,
+    Bytes,
+    QueueDepth,
+    Name,
+}
+
+const SORTS: [Sort; 6] =
+    [Sort::Q2cP99, Sort::StageP99, Sort::Iops, Sort::Bytes, Sort::QueueDepth, Sort::Name];
+
+/// The view's state: what is shown and how.
+struct View {
+    stage: Stage,
+    sort: Sort,
+    paused: bool,
+    /// Devices whose name holds this text (`/` to type it).
+    filter: String,
+    typing: bool,
+    help: bool,
+    color: bool,
+    /// Where the numbers come from, for the title.
+    source: String,
+    report: Option<Report>,
+}
+
+/// One row: a device and op, `depth` levels under the device stacked on it.
+#[derive(Debug, PartialEq)]
+struct RowData {
+    depth: usize,
+    device: String,
+    label: String,
+    op: &'static str,
+    iops: f64,
+    bytes_per_second: f64,
+    queue_depth: Option<f64>,
+    p50_s: Option<f64>,
+    p99_s: Option<f64>,
+    q2c_p99_s: Option<f64>,
+}
+
+impl RowData {
+    fn of(depth: usize, d: &DeviceReport, op: &OpReport, stage: Stage) -> RowData {
+        RowData {
+            depth,
+            device: d.device.clone(),
+            label: d.label.clone(),
+            op: op.op.as_str(),
+            iops: op.iops,
+            bytes_per_second: op.bytes_per_second,
+            queue_depth: op.queue_depth_mean,
+            p50_s: op.stages.get(&stage).map(|s| s.p50_s),
+            p99_s: op.stages.get(&stage).map(|s| s.p99_s),
+            q2c_p99_s: op.stages.get(&Stage::Q2c).map(|s| s.p99_s),
+        }
+    }
+
+    /// The row's value for a sort (larger first).
+    fn key(&self, sort: Sort) -> f64 {
+        match sort {
+            Sort::Q2cP99 => self.q2c_p99_s.unwrap_or(-1.0),
+            Sort::StageP99 => self.p99_s.unwrap_or(-1.0),
+            Sort::Iops => self.iops,
+            Sort::Bytes => self.bytes_per_second,
+            Sort::QueueDepth => self.queue_depth.unwrap_or(-1.0),
+            Sort::Name => 0.0,
+        }
+    }
+}
+
+impl View {
+    fn sort_name(&self) -> String {
+        match self.sort {
+            Sort::Q2cP99 => "Q2C p99".into(),
+            Sort::StageP99 => format!("{} p99", self.stage.as_str().to_uppercase()),
+            Sort::Iops => "IOPS".into(),
+            Sort::Bytes => "bytes/s".into(),
+            Sort::QueueDepth => "queue depth".into(),
+            Sort::Name => "name".into(),
+        }
+    }
+
+    /// Rows in display order: the top devices of each stack sorted by the key of their
+    /// largest op, each followed by the devices below it, indented.
+    fn rows(&self) -> Vec<RowData> {
+        let Some(report) = &self.report else { return vec![] };
+        let shown = |d: &DeviceReport| self.filter.is_empty() || d.label.contains(&self.filter);
+        let is_lower = |name: &str| report.devices.iter().any(|u| u.lowers.iter().any(|l| l == name));
+        let mut tops: Vec<&DeviceReport> =
+            report.devices.iter().filter(|d| !is_lower(&d.device) && shown(d)).collect();
+        let best = |d: &DeviceReport| {
+            d.ops.iter().map(|op| RowData::of(0, d, op, self.stage).key(self.sort)).fold(f64::MIN, f64::max)
+        };
+        if self.sort == Sort::Name {
+            tops.sort_by(|a, b| a.device.cmp(&b.device));
+        } else {
+            tops.sort_by(|a, b| best(b).total_cmp(&best(a)).then(a.device.cmp(&b.device)));
+        }
+        let mut rows = Vec::new();
+        for d in tops {
+            self.tree(report, d, 0, &mut rows);
+        }
+        // A filter that names a lower device shows it on its own too.
+        if !self.filter.is_empty() {
+            for d in report.devices.iter().filter(|d| is_lower(&d.device) && shown(d)) {
+                if !rows.iter().any(|r| r.device == d.device) {
+                    self.tree(report, d, 0, &mut rows);
+                }
+            }
+        }
+        rows
+    }
+
+    fn tree(&self, report: &Report, d: &DeviceReport, depth: usize, rows: &mut Vec<RowData>) {
+        rows.extend(d.ops.iter().map(|op| RowData::of(depth, d, op, self.stage)));
+        for lower in &d.lowers {
+            if let Some(l) = report.devices.iter().find(|x| &x.device == lower) {
+                self.tree(report, l, depth + 1, rows);
+            }
+        }
+    }
+
+    /// Handles a key; true to quit.
+    fn key(&mut self, code: KeyCode, modifiers: KeyModifiers) -> bool {
+        if modifiers.contains(KeyModifiers::CONTROL) && code == KeyCode::Char('c') {
+            return true;
+        }
+        if self.typing {
+            match code {
+                KeyCode::Enter => self.typing = false,
+                KeyCode::Esc => (self.typing, self.filter) = (false, String::new()),
+                KeyCode::Backspace => {
+                    self.filter.pop();
+                }
+                KeyCode::Char(c) => self.filter.push(c),
+                _ => {}
+            }
+            return false;
+        }
+        if self.help {
+            self.help = false;
+            return matches!(code, KeyCode::Char('q'));
+        }
+        match code {
+            KeyCode::Char('q') | KeyCode::Esc => return true,
+            KeyCode::Char('s') => {
+                let at = SORTS.iter().position(|&s| s == self.sort).unwrap_or(0);
+                self.sort = SORTS[(at + 1) % SORTS.len()];
+            }
+            KeyCode::Tab | KeyCode::Char('t') => {
+                let at = STAGES.iter().position(|&s| s == self.stage).unwrap_or(0);
+                self.stage = STAGES[(at + 1) % STAGES.len()];
+            }
+            KeyCode::Char(c @ '1'..='7') => self.stage = STAGES[c as usize - '1' as usize],
+            KeyCode::Char('p') | KeyCode::Char(' ') => self.paused = !self.paused,
+            KeyCode::Char('/') => (self.typing, self.filter) = (true, String::new()),
+            KeyCode::Char('h') | KeyCode::Char('?') => self.help = true,
+            _ => {}
+        }
+        false
+    }
+
+    fn look(&self, look: Look) -> Look {
+        if self.color { look } else { Look::default() }
+    }
+
+    fn draw(&self, frame: &mut Frame) {
+        let [title, table, footer] =
+            Layout::vertical([Constraint::Length(1), Constraint::Min(3), Constraint::Length(1)])
+                .areas(frame.area());
+        let when = self.report.as_ref().and_then(|r| r.from_agent.as_ref()).map_or_else(
+            || units::rfc3339(capture::unix_now())[11..19].to_owned(),
+            |a| units::rfc3339(a.to_unix_s)[11..19].to_owned(),
+        );
+        let state = if self.paused { "  PAUSED" } else { "" };
+        let filter = if self.filter.is_empty() && !self.typing {
+            String::new()
+        } else {
+            format!("  filter: {}{}", self.filter, if self.typing { "_" } else { "" })
+        };
+        frame.render_widget(
+            Paragraph::new(format!(
+                "tracerd top {when}  {}  sort: {}{state}{filter}",
+                self.source,
+                self.sort_name()
+            ))
+            .style(self.look(Look::new().add_modifier(Modifier::BOLD))),
+            title,
+        );
+        let stage = self.stage.as_str().to_uppercase();
+        let header = Row::new(
+            [
+                "DEVICE",
+                "OP",
+                "IOPS",
+                "BYTES/S",
+                "QD",
+                &format!("{stage} p50"),
+                &format!("{stage} p99"),
+                "Q2C p99",
+            ]
+            .map(|h| Cell::from(h.to_owned())),
+        )
+        .style(self.look(Look::new().add_modifier(Modifier::BOLD | Modifier::REVERSED)));
+        let time = |s: Option<f64>| s.map_or("-".to_string(), |s| units::duration_ns(s * 1e9));
+        let rows: Vec<Row> = self
+            .rows()
+            .into_iter()
+            .map(|r| {
+                let name = match r.depth {
+                    0 => r.label.clone(),
+                    n => format!("{}└─{}", "  ".repeat(n - 1), r.label),
+                };
+                Row::new([
+                    name,
+                    r.op.to_owned(),
+                    format!("{:.0}", r.iops),
+                    units::bytes(r.bytes_per_second),
+                    r.queue_depth.map_or("-".into(), |q| format!("{q:.1}")),
+                    time(r.p50_s),
+                    time(r.p99_s),
+                    time(r.q2c_p99_s),
+                ])
+            })
+            .collect();
+        let widths = [
+            Constraint::Length(16),
+            Constraint::Length(7),
+            Constraint::Length(8),
+            Constraint::Length(9),
+            Constraint::Length(5),
+            Constraint::Length(9),
+            Constraint::Length(9),
+            Constraint::Length(9),
+        ];
+        let empty = rows.is_empty();
+        frame.render_widget(Table::new(rows, widths).header(header), table);
+        if empty {
+            let why = if self.report.is_none() {
+                "waiting for the first second..."
+            } else {
+                "no IO on the traced devices"
+            };
+            frame.render_widget(Paragraph::new(why), Rect { y: table.y + 1, height: 1, ..table });
+        }
+        let lost: Vec<String> = self
+            .report
+            .iter()
+            .flat_map(|r| r.lost.iter().filter(|(_, n)| **n > 0).map(|(k, n)| format!("{k} {n}")))
+            .collect();
+        let (lost, look) = if lost.is_empty() {
+            ("lost: none".to_string(), Look::default())
+        } else {
+            (format!("lost: {}", lost.join(", ")), Look::new().fg(Color::Red))
+        };
+        frame.render_widget(
+            Paragraph::new(Line::from(format!(
+                "{lost}  q quit  s sort  tab stage  / filter  p pause  h help"
+            )))
+            .style(self.look(look)),
+            footer,
+        );
+        if self.help {
+            let text = "tracerd top: one row per device and op, a second at a time\n\n\
+                        s      sort by: Q2C p99, stage p99, IOPS, bytes/s, queue depth, name\n\
+                        tab    the stage of the two percentile columns (1-7: Q2G .. Q2C)\n\
+                        /      show devices whose name holds a text (Enter keeps it, Esc clears)\n\
+                        p      pause (space too)\n\
+                        q      quit (Esc, Ctrl-C too)\n\n\
+                        Stacked devices (md, dm) are shown over the devices below them.\n\
+                        any key closes this help";
+            let area = Rect { x: 1, y: 2, width: frame.area().width.saturating_sub(2).min(78), height: 12 }
+                .intersection(frame.area());
+            frame.render_widget(Clear, area);
+            frame.render_widget(
+                Paragraph::new(text).block(Block::default().borders(Borders::ALL).title("help")),
+                area,
+            );
+        }
+    }
+}
+
+/// Runs the view until `q`, SIGINT or SIGTERM; the terminal is restored however it ends.
+pub async fn top(color: bool, selection: Selection, opts: LoadOptions, attach: Option<&Path>) -> Result<()> {
+    if !std::io::stdout().is_terminal() {
+        anyhow::bail!(
+            "top draws on a terminal; for tables in a pipe or file use `tracerd report --interval 1`"
+        );
+    }
+    let status = match attach.map(|s| api::call::<api::Status>(s, &api::Request::Status {}, "status")) {
+        Some(Ok(status)) => Some(status),
+        Some(Err(api::AttachError::NoAgent(_))) | None => None,
+        Some(Err(e)) => {
+            tracing::warn!("{e}; tracing with tracerd's own programs instead");
+            None
+        }
+    };
+    let mut view = View {
+        stage: Stage::D2c,
+        sort: Sort::Q2cP99,
+        paused: false,
+        filter: String::new(),
+        typing: false,
+        help: false,
+        color,
+        source: String::new(),
+        report: None,
+    };
+    match (status, attach) {
+        (Some(status), Some(socket)) => {
+            view.source = format!("agent {}", status.pid);
+            let mut terminal = ratatui::try_init()?;
+            let r = from_agent(&mut terminal, &mut view, &selection, socket, status).await;
+            ratatui::restore();
+            r
+        }
+        _ => {
+            let mut session = Session::start(selection, &opts)?;
+            view.source = "own programs".into();
+            let mut terminal = ratatui::try_init()?;
+            let r = standalone(&mut terminal, &mut view, &mut session).await;
+            ratatui::restore();
+            r
+        }
+    }
+}
+
+/// Reads keys that are waiting; true to quit.
+fn keys(view: &mut View) -> Result<bool> {
+    while event::poll(Duration::ZERO)? {
+        if let Event::Key(k) = event::read()?
+            && k.kind == KeyEventKind::Press
+            && view.key(k.code, k.modifiers)
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Beside the agent: every second, the frames it sealed since the last ones shown.
+async fn from_agent(
+    terminal: &mut ratatui::DefaultTerminal,
+    view: &mut View,
+    selection: &Selection,
+    socket: &Path,
+    status: api::Status,
+) -> Result<()> {
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    let mut from = status.recorder.to_unix_s.unwrap_or_else(capture::unix_now);
+    let mut poll = tokio::time::interval(Duration::from_millis(100));
+    let mut second = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = poll.tick() => {
+                if keys(view)? {
+                    return Ok(());
+                }
+            }
+            _ = second.tick() => {
+                let now: api::Status = api::call(socket, &api::Request::Status {}, "status")?;
+                if let Some(newest) = now.recorder.to_unix_s.filter(|&t| t > from) {
+                    let request = api::Request::Window { from_unix_s: from, to_unix_s: newest };
+                    let w: api::WindowAnswer = api::call(socket, &request, "window")?;
+                    from = newest;
+                    if !view.paused {
+                        view.report = Some(crate::commands::report::window_report_for(w, selection, socket)?);
+                    }
+                }
+            }
+            _ = &mut shutdown => return Ok(()),
+        }
+        terminal.draw(|f| view.draw(f))?;
+    }
+}
+
+/// With tracerd's own programs: the aggregate is shown and started afresh every second.
+async fn standalone(
+    terminal: &mut ratatui::DefaultTerminal,
+    view: &mut View,
+    session: &mut Session,
+) -> Result<()> {
+    let ops = session.tracer.ops;
+    let kernel = kernel_release();
+    let mut base = session.lost()?;
+    let mut agg = Aggregator::new(false);
+    let mut started = std::time::Instant::now();
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    let mut poll = tokio::time::interval(Duration::from_millis(100));
+    let mut second = tokio::time::interval(Duration::from_secs(1));
+    second.tick().await;
+    loop {
+        tokio::select! {
+            r = session.read(|io, topo| agg.add(io.target, ops.op(io.rec.cmd_flags), io.rec, io.layers, |d| topo.name_of(d))) => {
+                r?;
+                continue;
+            }
+            _ = poll.tick() => {
+                if keys(view)? {
+                    return Ok(());
+                }
+            }
+            _ = second.tick() => {
+                session.refresh_devices()?;
+                let now = session.lost()?;
+                let lost = Lost { series_limit: agg.over_limit, ..now.since(&base) };
+                let elapsed = started.elapsed().as_secs_f64();
+                if !view.paused {
+                    view.report = Some(Report::build(&agg, &session.topo, &lost, &session.tracer.hooks, &kernel, elapsed));
+                }
+                (agg, base, started) = (Aggregator::new(false), now, std::time::Instant::now());
+            }
+            _ = &mut shutdown => return Ok(()),
+        }
+        terminal.draw(|f| view.draw(f))?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        commands::capture::tests::capture,
+        model::{op::Op, topology::Topology},
+    };
+
+    fn view(report: Report) -> View {
+        View {
+            stage: Stage::D2c,
+            sort: Sort::Q2cP99,
+            paused: false,
+            filter: String::new(),
+            typing: false,
+            help: false,
+            color: false,
+            source: "test".into(),
+            report: Some(report),
+        }
+    }
+
+    fn report() -> Report {
+        let (agg, topo, lost) = capture(300).to_aggregate();
+        let _ = Topology::default();
+        Report::build(&agg, &topo, &lost, &[], "6.18", 1.0)
+    }
+
+    #[test]
+    fn keys_sort_switch_stage_filter_pause_and_quit() {
+        let mut v = view(report());
+        let rows = v.rows();
+        assert!(rows.iter().any(|r| r.device == "loop0" && r.op == Op::Read.as_str()), "{rows:?}");
+        assert!(!v.key(KeyCode::Char('s'), KeyModifiers::NONE));
+        assert_eq!(v.sort, Sort::StageP99);
+        for _ in 0..5 {
+            v.key(KeyCode::Char('s'), KeyModifiers::NONE);
+        }
+        assert_eq!(v.sort, Sort::Q2cP99, "s cycles through every sort");
+        v.key(KeyCode::Tab, KeyModifiers::NONE);
+        assert_eq!(v.stage, Stage::Q2c);
+        v.key(KeyCode::Char('1'), KeyModifiers::NONE);
+        assert_eq!(v.stage, Stage::Q2g);
+        v.key(KeyCode::Char('p'), KeyModifiers::NONE);
+        assert!(v.paused);
+        v.key(KeyCode::Char('/'), KeyModifiers::NONE);
+        for c in "dm".chars() {
+            v.key(KeyCode::Char(c), KeyModifiers::NONE);
+        }
+        assert!(!v.key(KeyCode::Char('q'), KeyModifiers::NONE), "q is text while typing a filter");
+        v.key(KeyCode::Backspace, KeyModifiers::NONE);
+        v.key(KeyCode::Enter, KeyModifiers::NONE);
+        assert_eq!(v.filter, "dm");
+        assert!(v.rows().iter().all(|r| r.label.contains("dm")), "{:?}", v.rows());
+        v.key(KeyCode::Char('h'), KeyModifiers::NONE);
+        assert!(v.help);
+        assert!(!v.key(KeyCode::Char('x'), KeyModifiers::NONE) && !v.help, "any key closes help");
+        assert!(v.key(KeyCode::Char('q'), KeyModifiers::NONE));
+        assert!(v.key(KeyCode::Char('c'), KeyModifiers::CONTROL));
+    }
+
+    #[test]
+    fn stacks_are_trees_and_sorting_orders_the_tops() {
+        let mut c = capture(300);
+        c.devices[0].lowers = vec!["loop0".into()]; // dm-0 over loop0
+        let (agg, topo, lost) = c.to_aggregate();
+        let mut v = view(Report::build(&agg, &topo, &lost, &[], "6.18", 1.0));
+        let rows = v.rows();
+        let order: Vec<(usize, &str)> = rows.iter().map(|r| (r.depth, r.device.as_str())).collect();
+        assert_eq!(order[0], (0, "dm-0"), "{order:?}");
+        assert!(order[1..].iter().all(|&(d, n)| (d, n) == (1, "loop0")), "{order:?}");
+        v.sort = Sort::Name;
+        assert_eq!(v.rows()[0].device, "dm-0");
+    }
+}
