@@ -438,3 +438,31 @@ fn top_under_tmux_shows_the_devices_sorts_on_a_key_and_leaves_a_clean_terminal()
     assert!(left, "`q` did not end top with status 0:\n{screen}");
     assert!(!screen.contains("Q2C p99"), "the alternate screen was not left:\n{screen}");
 }
+
+#[test]
+fn the_api_is_served_read_only_over_http_only_when_asked() {
+    require_root();
+    let dir = TempDir::new();
+    let config = dir.file("tracerd.toml");
+    std::fs::write(&config, "[api]\nhttp = true\n").unwrap();
+    let with = Tracerd::run(&["--config", &config]);
+    let without = Tracerd::run(&[]);
+    let get = |t: &Tracerd, path: &str| tracerd_tests::http_get(t.addr.as_deref().unwrap(), path).unwrap();
+    let (status, body) = get(&with, "/api/v1/status");
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((v["version"].clone(), v["status"]["pid"].clone()), (1.into(), with.pid().into()));
+    let (status, body) = get(&with, "/api/v1/window?from_unix_s=0&to_unix_s=1");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["window"]["capture"]["format"],
+        "tracerd-capture"
+    );
+    for bad in ["/api/v1/window", "/api/v1/window?from_unix_s=5&to_unix_s=1", "/api/v1/everything"] {
+        let (status, body) = get(&with, bad);
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert!(serde_json::from_str::<Value>(&body).unwrap()["error"].is_string(), "{bad}: {body}");
+    }
+    assert_eq!(get(&without, "/api/v1/status").0, 404, "off unless [api] http = true");
+    assert_eq!(get(&with, "/metrics").0, 200);
+}

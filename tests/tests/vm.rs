@@ -134,6 +134,26 @@ fn dm_linear_each_io_counted_once_and_linked_to_one_lower_io() {
     let text = section("dm_report_text");
     assert!(text.contains("dm-0 (lin0)\n  └─ ram2"), "stack tree:\n{text}");
     assert!(text.contains("per layer"), "{text}");
+
+    // The same IO from the agent's recorder (report --since, attached): counts, the stack and
+    // the per-layer phases survive the frames.
+    let w = report("dm_window");
+    assert!(w["from_agent"]["frames"].as_u64().unwrap() >= 1, "{}", w["from_agent"]);
+    let dm = device(&w, "dm-0");
+    assert_eq!(dm["label"], "dm-0 (lin0)");
+    assert_eq!(dm["lowers"], serde_json::json!(["ram2"]));
+    for (name, n) in [("read", 300), ("write", 200)] {
+        let o = op(dm, name);
+        assert_eq!(o["requests"], n, "window {name}");
+        assert_eq!(o["stages"]["q2c"]["count"], n);
+        assert_eq!(o["layers"][0]["lower"], "ram2");
+        assert_eq!(
+            (o["layers"][0]["ios"].clone(), o["layers"][0]["lower_ios"].clone()),
+            (n.into(), n.into())
+        );
+        assert_eq!(o["layers"][0]["phases"]["lower"]["count"], n);
+        assert_eq!(op(device(&w, "ram2"), name)["requests"], n);
+    }
 }
 
 #[test]

@@ -48,6 +48,7 @@ pub struct RecorderSection {
 #[serde(deny_unknown_fields)]
 pub struct ApiSection {
     pub socket: Option<std::path::PathBuf>,
+    pub http: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -116,6 +117,8 @@ pub struct Config {
     pub recorder: RecorderLimits,
     /// The agent's API socket (served by `run`, used by the views).
     pub socket: std::path::PathBuf,
+    /// Also serve the API read-only on the HTTP listener (`/api/v1/...`).
+    pub api_http: bool,
 }
 
 /// TLS and basic auth of the metrics endpoint, as the config names them (files are read and
@@ -141,6 +144,7 @@ impl Default for Config {
             stale_after: Duration::from_secs(120),
             recorder: RecorderLimits::default(),
             socket: api::DEFAULT_SOCKET.into(),
+            api_http: false,
         }
     }
 }
@@ -288,6 +292,7 @@ pub fn resolve(file: File, flags: Flags) -> Result<Config> {
         stale_after,
         recorder,
         socket,
+        api_http: file.api.http.unwrap_or(d.api_http),
     })
 }
 

@@ -54,8 +54,15 @@ dm_agent_counted() {
         grep -q '^tracerd_io_requests_total{device="dm-0",op="write"} 200$' /tmp/dm_metrics.out
 }
 vm_until "the dm-0 agent never counted 300 reads and 200 writes" dm_agent_counted
+# The agent's recorder, read by an attached report: the frame of the last IO is sealed within
+# a second, so wait until the window holds all 500.
+dm_window_counted() {
+    /bin/tracerd report --since 10m --json --device lin0 > /tmp/dm_window.out 2> /tmp/dm_window.err &&
+        grep -q '"requests": 300' /tmp/dm_window.out && grep -q '"requests": 200' /tmp/dm_window.out
+}
+vm_until "the agent's recorder never held the 500 dm-0 IOs" dm_window_counted
 for t in dm_snoop dm_report_json dm_report_text dm_agent; do trace_stop $t; done
-for t in dm_snoop dm_report_json dm_report_text dm_metrics; do emit $t; done"#,
+for t in dm_snoop dm_report_json dm_report_text dm_metrics dm_window; do emit $t; done"#,
     )
 }
 

@@ -66,7 +66,6 @@ pub async fn run(config: &Config, selection: Selection, opts: LoadOptions) -> Re
         },
         ..Default::default()
     }));
-    tokio::spawn(http::serve(listener, state.clone(), security));
     let shared = Arc::new(api::Shared::new(
         Recorder::new(config.recorder),
         api::Status {
@@ -90,6 +89,7 @@ pub async fn run(config: &Config, selection: Selection, opts: LoadOptions) -> Re
             ..Default::default()
         },
     ));
+    tokio::spawn(http::serve(listener, state.clone(), security, config.api_http.then(|| shared.clone())));
     tokio::spawn(api::serve(api_listener, shared.clone()));
     tracing::info!("metrics on {scheme}://{listen}/metrics; API on {}", config.socket.display());
     // The frame being filled for the recorder, and the lost counters when it began.

@@ -109,6 +109,21 @@ impl RowData {
 }
 
 impl View {
+    /// Sorted by Q2C p99, D2C in the percentile columns, nothing shown yet.
+    fn new(color: bool) -> View {
+        View {
+            stage: Stage::D2c,
+            sort: Sort::Q2cP99,
+            paused: false,
+            filter: String::new(),
+            typing: false,
+            help: false,
+            color,
+            source: String::new(),
+            report: None,
+        }
+    }
+
     fn sort_name(&self) -> String {
         match self.sort {
             Sort::Q2cP99 => "Q2C p99".into(),
@@ -335,17 +350,7 @@ pub async fn top(color: bool, selection: Selection, opts: LoadOptions, attach: O
             None
         }
     };
-    let mut view = View {
-        stage: Stage::D2c,
-        sort: Sort::Q2cP99,
-        paused: false,
-        filter: String::new(),
-        typing: false,
-        help: false,
-        color,
-        source: String::new(),
-        report: None,
-    };
+    let mut view = View::new(color);
     match (status, attach) {
         (Some(status), Some(socket)) => {
             view.source = format!("agent {}", status.pid);
@@ -461,28 +466,14 @@ async fn standalone(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        commands::capture::tests::capture,
-        model::{op::Op, topology::Topology},
-    };
+    use crate::{commands::capture::tests::capture, model::op::Op};
 
     fn view(report: Report) -> View {
-        View {
-            stage: Stage::D2c,
-            sort: Sort::Q2cP99,
-            paused: false,
-            filter: String::new(),
-            typing: false,
-            help: false,
-            color: false,
-            source: "test".into(),
-            report: Some(report),
-        }
+        View { report: Some(report), ..View::new(false) }
     }
 
     fn report() -> Report {
         let (agg, topo, lost) = capture(300).to_aggregate();
-        let _ = Topology::default();
         Report::build(&agg, &topo, &lost, &[], "6.18", 1.0)
     }
 

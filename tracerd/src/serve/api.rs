@@ -226,7 +226,7 @@ impl Shared {
     }
 
     /// The answer line to one request line.
-    fn answer(&self, line: &[u8]) -> String {
+    pub fn answer(&self, line: &[u8]) -> String {
         let reply = match parse_request(line) {
             Err(e) => Err(e),
             // Streams are served by `stream`, before an answer is asked for.

@@ -131,7 +131,15 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-pub async fn serve(listener: TcpListener, state: Arc<Mutex<State>>, security: Security) {
+/// Serves /metrics and /healthz, and with `api` (config `[api] http = true`) the agent's API
+/// read-only: `/api/v1/status` and `/api/v1/window?from_unix_s=F&to_unix_s=T`, behind the same
+/// TLS and basic auth.
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<Mutex<State>>,
+    security: Security,
+    api: Option<Arc<crate::serve::api::Shared>>,
+) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let security = Arc::new(security);
     loop {
@@ -140,19 +148,45 @@ pub async fn serve(listener: TcpListener, state: Arc<Mutex<State>>, security: Se
             drop(stream); // over the cap: refuse rather than queue
             continue;
         };
-        let (state, security) = (state.clone(), security.clone());
+        let (state, security, api) = (state.clone(), security.clone(), api.clone());
         tokio::spawn(async move {
             let _ = match &security.tls {
                 Some(acceptor) => {
                     match tokio::time::timeout(READ_TIMEOUT, acceptor.accept(stream)).await {
-                        Ok(Ok(tls)) => handle(tls, &state, &security).await,
+                        Ok(Ok(tls)) => handle(tls, &state, &security, api).await,
                         _ => Ok(()), // a failed or slow handshake: nothing to answer
                     }
                 }
-                None => handle(stream, &state, &security).await,
+                None => handle(stream, &state, &security, api).await,
             };
             drop(permit);
         });
+    }
+}
+
+/// `/api/v1/...` as the socket's requests; None for any other path.
+fn api_request(head: &[u8]) -> Option<String> {
+    let line = String::from_utf8_lossy(head.split(|&b| b == b'\n').next().unwrap_or_default()).into_owned();
+    let target = line.split_whitespace().nth(1)?;
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let param = |key: &str| {
+        query
+            .split('&')
+            .filter_map(|kv| kv.split_once('='))
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.to_owned())
+    };
+    let number =
+        |key: &str| param(key).and_then(|v| v.parse::<f64>().ok()).map_or("null".into(), |v| v.to_string());
+    match path {
+        "/api/v1/status" => Some(r#"{"version":1,"request":"status"}"#.into()),
+        "/api/v1/window" => Some(format!(
+            r#"{{"version":1,"request":"window","from_unix_s":{},"to_unix_s":{}}}"#,
+            number("from_unix_s"),
+            number("to_unix_s")
+        )),
+        p if p.starts_with("/api/") => Some(r#"{"version":1,"request":"unknown"}"#.into()),
+        _ => None,
     }
 }
 
@@ -183,12 +217,20 @@ async fn handle(
     mut stream: impl AsyncRead + AsyncWrite + Unpin,
     state: &Mutex<State>,
     security: &Security,
+    api: Option<Arc<crate::serve::api::Shared>>,
 ) -> Result<()> {
     let Some(head) = read_head(&mut stream).await? else { return Ok(()) };
-    let (status, content_type, body) = if authorized(&head, security) {
-        route(&head, state)
-    } else {
+    let request = api.as_ref().and(api_request(&head));
+    let get = head.starts_with(b"GET ") || head.starts_with(b"HEAD ");
+    let (status, content_type, body) = if !authorized(&head, security) {
         ("401 Unauthorized", "text/plain; charset=utf-8", "authentication required\n".into())
+    } else if let (Some(api), Some(request), true) = (api, request, get) {
+        // A long window takes a while to add up: off the thread that reads the ring buffer.
+        let answer = tokio::task::spawn_blocking(move || api.answer(request.as_bytes())).await?;
+        let failed = answer.starts_with("{\"error\"");
+        (if failed { "400 Bad Request" } else { "200 OK" }, "application/json", answer + "\n")
+    } else {
+        route(&head, state)
     };
     let challenge =
         if status.starts_with("401") { "WWW-Authenticate: Basic realm=\"tracerd\"\r\n" } else { "" };
