@@ -274,6 +274,8 @@ fn integration_tests(tally: &mut Tally) -> Result<()> {
         "http",
         "--test",
         "faults",
+        "--test",
+        "agent",
         "--",
         "--test-threads=1",
     ])
