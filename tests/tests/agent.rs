@@ -360,7 +360,13 @@ fn pane(session: &str) -> String {
 }
 
 fn tmux(args: &[&str]) {
-    let out = Command::new("tmux").args(args).output().expect("tmux (apt install tmux)");
+    // CI runs without a terminal: tmux gets a TERM to describe its panes by.
+    let term = std::env::var("TERM").ok().filter(|t| !t.is_empty() && t != "dumb");
+    let out = Command::new("tmux")
+        .args(args)
+        .env("TERM", term.as_deref().unwrap_or("xterm-256color"))
+        .output()
+        .expect("tmux (apt install tmux)");
     assert!(out.status.success(), "tmux {args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
