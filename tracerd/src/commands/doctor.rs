@@ -22,6 +22,7 @@ use crate::{
     kernel::tracer::{self, CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, LoadOptions, Tracer},
     model::op::OpDecoder,
     model::topology::{Device, Topology},
+    serve::api,
     units,
 };
 
@@ -139,6 +140,8 @@ fn run_checks(load: bool) -> Vec<Check> {
 
     checks.push(ring_buffer_check(privileged, create_ring_buffer));
     checks.push(aggregation_check(aya::util::nr_cpus().map_or(1, |n| n)));
+    let socket = std::path::Path::new(api::DEFAULT_SOCKET);
+    checks.push(agent_check(socket, api::call(socket, &api::Request::Status {}, "status")));
     checks.push(load_check(&load_test));
     checks.push(bpf_stats_check(read_sysctl("bpf_stats_enabled").as_deref()));
     checks.push(unprivileged_bpf_check(read_sysctl("unprivileged_bpf_disabled").as_deref()));
@@ -621,6 +624,44 @@ fn aggregation_check(cpus: usize) -> Check {
     )
 }
 
+/// Whether an agent serves the API, which the views then attach to instead of loading programs.
+fn agent_check(socket: &std::path::Path, status: Result<api::Status, api::AttachError>) -> Check {
+    match status {
+        Ok(s) => {
+            let r = &s.recorder;
+            let span = match (r.from_unix_s, r.to_unix_s) {
+                (Some(a), Some(b)) => format!("{:.0} s", b - a),
+                _ => "nothing yet".into(),
+            };
+            Check::new(
+                "agent",
+                Status::Ok,
+                format!(
+                    "an agent (pid {}, tracerd {}, aggregation {}) serves {}: report, snoop, diff and top \
+                     attach to it; its recorder holds {span} in {} of {}",
+                    s.pid,
+                    s.tracerd_version,
+                    s.aggregation,
+                    socket.display(),
+                    units::bytes(r.bytes as f64),
+                    units::bytes(r.max_bytes as f64),
+                ),
+            )
+        }
+        Err(api::AttachError::NoAgent(_)) => Check::new(
+            "agent",
+            Status::Ok,
+            format!(
+                "no agent serves {}: views load their own programs, and windows of the past \
+                 (report --since) need one",
+                socket.display()
+            ),
+        )
+        .advice("start the agent (systemctl start tracerd, or sudo tracerd run)"),
+        Err(e) => Check::new("agent", Status::Warn, e.to_string()),
+    }
+}
+
 fn load_check(test: &LoadTest) -> Check {
     match test {
         LoadTest::Skipped => Check::new(
@@ -787,6 +828,24 @@ mod tests {
 
     fn check(name: &str, status: Status) -> Check {
         Check::new(name, status, format!("{name} detail"))
+    }
+
+    #[test]
+    fn the_agent_check_says_whether_views_attach() {
+        let socket = std::path::Path::new("/run/tracerd/tracerd.sock");
+        let none = agent_check(socket, Err(api::AttachError::NoAgent(socket.into())));
+        assert_eq!(none.status, Status::Ok);
+        assert!(none.detail.contains("no agent serves /run/tracerd/tracerd.sock"), "{}", none.detail);
+        assert!(none.advice.as_deref().unwrap_or("").contains("systemctl start tracerd"));
+        let mut status = api::Status { pid: 42, aggregation: "kernel".into(), ..Default::default() };
+        (status.recorder.from_unix_s, status.recorder.to_unix_s) = (Some(100.0), Some(3700.0));
+        status.recorder.max_bytes = 32 << 20;
+        let one = agent_check(socket, Ok(status));
+        assert!(
+            one.detail.contains("an agent (pid 42") && one.detail.contains("holds 3600 s"),
+            "{}",
+            one.detail
+        );
     }
 
     #[test]
