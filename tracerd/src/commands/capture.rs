@@ -382,7 +382,7 @@ impl Capture {
                 }
                 for l in &o.layers {
                     let lower = id_of(&l.lower, &mut agg);
-                    let phase = |p: Phase| l.phases.get(&p).map_or_else(StageHist::empty, boxed);
+                    let phase = |p: Phase| l.phases.get(&p).map_or_else(StageHist::default_range, boxed);
                     let phases = [phase(Phase::Layer), phase(Phase::Lower), phase(Phase::Completion)];
                     stats.layers.insert(lower, LayerStats { ios: l.ios, lower_ios: l.lower_ios, phases });
                 }
@@ -606,7 +606,7 @@ pub(crate) mod tests {
 
     #[test]
     fn bucketed_histograms_keep_their_flag_and_sum() {
-        let mut s = StageHist::empty();
+        let mut s = StageHist::default_range();
         s.record_bucket(tracer_common::agg::bucket_of(1_000_000), 10); // (800 µs, 1 ms]
         s.sum_ns = 10 * 999_000; // every sample near the top of its bucket
         let h = Hist::of(&s);

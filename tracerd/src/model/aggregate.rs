@@ -88,9 +88,13 @@ impl StageHist {
         self.hist.len()
     }
 
-    /// An empty histogram in the range in force.
-    pub fn empty() -> Box<StageHist> {
-        StageHist::new()
+    /// An empty histogram in the default range, whatever the config says: the range captures
+    /// are defined with (a window of the recorder becomes a capture).
+    pub fn default_range() -> Box<StageHist> {
+        let r = HistogramRange::default();
+        let hist = Histogram::new_with_bounds(r.lowest_ns, r.highest_ns, r.significant_digits)
+            .expect("valid bounds");
+        Box::new(StageHist { hist, sum_ns: 0, bucketed: false })
     }
 
     /// Adds `n` IOs known only by their kernel bucket `b` (`agg::BOUNDS_NS`), at the bucket's

@@ -194,14 +194,14 @@ impl SeriesFrame {
         stats.queue_depth.count += self.qd_count;
         for (slot, b) in stats.stages.iter_mut().zip(&self.stages) {
             if let Some(b) = b {
-                b.add_to(slot.get_or_insert_with(StageHist::empty));
+                b.add_to(slot.get_or_insert_with(StageHist::default_range));
             }
         }
         for (&lower, l) in &self.layers {
             let to = stats.layers.entry(lower).or_insert_with(|| LayerStats {
                 ios: 0,
                 lower_ios: 0,
-                phases: [StageHist::empty(), StageHist::empty(), StageHist::empty()],
+                phases: [StageHist::default_range(), StageHist::default_range(), StageHist::default_range()],
             });
             to.ios += l.ios;
             to.lower_ios += l.lower_ios;
@@ -211,7 +211,7 @@ impl SeriesFrame {
         }
         for (slot, b) in [(&mut stats.submit, &self.submit), (&mut stats.personality, &self.personality)] {
             if let Some(b) = b {
-                b.add_to(slot.get_or_insert_with(StageHist::empty));
+                b.add_to(slot.get_or_insert_with(StageHist::default_range));
             }
         }
     }
@@ -318,8 +318,9 @@ pub struct Recorder {
     pub limits: RecorderLimits,
     frames: VecDeque<Frame>,
     bytes: usize,
-    /// Every device a kept frame names, as it was when first seen (it may be gone since).
-    devices: HashMap<u32, Device>,
+    /// Every device a kept frame names, as it was when first seen (it may be gone since), and
+    /// the end of the newest frame that names it: a device no kept frame names is forgotten.
+    devices: HashMap<u32, (Device, u64)>,
     /// Frames dropped before their time because the frames took `max_bytes`.
     pub dropped_for_memory: u64,
 }
@@ -364,7 +365,7 @@ impl Recorder {
     /// drops what the bounds no longer allow.
     pub fn push(&mut self, frame: Frame, devices: impl IntoIterator<Item = Device>) {
         for d in devices {
-            self.devices.entry(d.dev).or_insert(d);
+            self.devices.entry(d.dev).or_insert((d, 0)).1 = frame.end_ms;
         }
         self.bytes += frame.size();
         self.frames.push_back(frame);
@@ -385,6 +386,8 @@ impl Recorder {
             self.bytes -= f.size();
             self.frames.pop_front();
         }
+        let oldest = self.frames.front().map_or(u64::MAX, |f| f.start_ms);
+        self.devices.retain(|_, (_, seen)| *seen > oldest);
     }
 
     /// Memory the frames take (what `max_bytes` bounds).
@@ -414,13 +417,13 @@ impl Recorder {
                 .filter(|f| f.end_ms > from_ms && f.start_ms < to_ms)
                 .cloned()
                 .collect(),
-            topology: Topology::from_devices(self.devices.values().cloned()),
+            topology: Topology::from_devices(self.devices.values().map(|(d, _)| d.clone())),
         }
     }
 
-    /// Forgets devices no kept frame names (a host that churns loop devices).
-    pub fn forget_devices(&mut self, named: impl Fn(u32) -> bool) {
-        self.devices.retain(|&dev, _| named(dev));
+    /// Devices the kept frames name.
+    pub fn device_count(&self) -> usize {
+        self.devices.len()
     }
 }
 
@@ -694,5 +697,12 @@ mod tests {
         b.add_record(1, Op::Read, &request(0, 2000, 100_000, 4096, 2), &[]);
         rec.push(b.seal(31_000, 32_000, &Lost::default()), []);
         assert_eq!(rec.len(), 1, "the newest frame stays");
+        // A device is forgotten with the last frame that names it (hosts that churn loop devices).
+        rec.limits.max_bytes = usize::MAX;
+        let gone = Device { name: "loop9".into(), dev: 9, ..Default::default() };
+        rec.push(b.seal(32_000, 33_000, &Lost::default()), [gone]);
+        assert_eq!(rec.device_count(), 1);
+        rec.push(b.seal(44_000, 45_000, &Lost::default()), []);
+        assert_eq!((rec.len(), rec.device_count()), (1, 0), "loop9's frame aged out, and loop9 with it");
     }
 }
