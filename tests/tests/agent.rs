@@ -472,3 +472,60 @@ fn the_api_is_served_read_only_over_http_only_when_asked() {
     assert_eq!(get(&without, "/api/v1/status").0, 404, "off unless [api] http = true");
     assert_eq!(get(&with, "/metrics").0, 200);
 }
+
+#[test]
+fn the_agent_keeps_each_minutes_slowest_ios_whole_from_few_records() {
+    require_root();
+    let dev = LoopDevice::new(256);
+    let agent = Tracerd::run(&["--device", &dev.name]);
+    let socket = agent.socket.clone().unwrap();
+    let fast = Workload { write: false, count: 3000, size: 4096, qd: 4 };
+    // 4 MiB reads: split into requests far slower than the 4 KiB ones.
+    let slow = Workload { write: false, count: 20, size: 4 << 20, qd: 1 };
+    fast.run(&dev);
+    slow.run(&dev);
+    fast.run(&dev);
+    let mut last = Value::Null;
+    let kept = eventually(|| {
+        last = report_json(&socket, &["--since", "10m", "--device", &dev.name]).unwrap_or_else(Value::String);
+        let ios = last["slowest"]
+            .as_array()
+            .map_or(0, |m| m.iter().map(|m| m["ios"].as_array().unwrap().len()).sum());
+        requests(&last, &dev.name, "read") >= 2 * fast.count + slow.count && ios >= 10
+    });
+    assert!(kept, "the agent never kept 10 slow IOs (waited {HANG:?}):\n{last:#}");
+    let mut slowest: Vec<&Value> =
+        last["slowest"].as_array().unwrap().iter().flat_map(|m| m["ios"].as_array().unwrap()).collect();
+    slowest.sort_by_key(|s| std::cmp::Reverse(s["took_ns"].as_u64().unwrap()));
+    // The slowest IO of the window is kept: the window's Q2C histogram (kernel buckets, each
+    // bound at most 1.28 times the one below, at their middles) has its maximum in the bucket of
+    // the slowest kept IO. (Which IOs are slowest is the machine's business: on a busy one a
+    // 4 KiB read can stall longer than a 512 KiB one.)
+    let top = slowest[0]["took_ns"].as_u64().unwrap() as f64;
+    let max = op(&last, &dev.name, "read").unwrap()["stages"]["q2c"]["max_s"].as_f64().unwrap() * 1e9;
+    assert!((0.85..=1.15).contains(&(max / top)), "window max Q2C {max} ns, slowest kept {top} ns");
+    for s in &slowest[..10] {
+        let io = &s["io"];
+        assert_eq!(io["device"], dev.name.as_str());
+        assert_eq!(io["stages_ns"]["q2c"], s["took_ns"], "took is the IO's Q2C: {s}");
+        // The comm is read from /proc when the record arrives: "?" if iogen had exited.
+        assert!(io["pid"].as_u64().unwrap() > 1 && (io["comm"] == "iogen" || io["comm"] == "?"), "{io}");
+        assert!(io["stages_ns"]["d2c"].as_u64().is_some() && io["sector"].is_u64(), "{io}");
+    }
+    assert!(slowest[..10].iter().any(|s| s["io"]["comm"] == "iogen"), "who did it: {}", slowest[0]);
+    // The kernel sent records only for IOs above the bar: far fewer than the IOs done.
+    let m = agent.metrics();
+    let (records, ios) = (m.get("tracerd_records_total", &[]), requests(&last, &dev.name, "read") as f64);
+    assert!(records < ios / 2.0, "{records} records for {ios} IOs");
+    let text = tracerd_output(&[
+        "report",
+        "--since",
+        "10m",
+        "--device",
+        &dev.name,
+        "--socket",
+        socket.to_str().unwrap(),
+    ])
+    .1;
+    assert!(text.contains(&format!("{}: slowest IOs", dev.name)) && text.contains("iogen"), "{text}");
+}

@@ -477,6 +477,7 @@ pub mod names {
     pub const SERIES: &str = "SERIES";
     pub const SERIES_OF: &str = "SERIES_OF";
     pub const STREAM: &str = "STREAM";
+    pub const SLOW_NS: &str = "SLOW_NS";
 }
 
 #[cfg(feature = "user")]

@@ -38,13 +38,12 @@ pub(crate) fn on_bio_queue<M: Mem>(bio: u64) {
     state.opf = M::read(bio, l.bio_bi_opf);
     state.bytes = M::read(bio, l.bio_bi_size);
     state.flags = 0;
-    // Who queued the bio is shown per IO only (snoop, report): the agent reads it only while
-    // a view streams from it.
+    // Who queued the bio: the pid always (a slow IO's record names it; the daemon reads its
+    // comm from /proc), the comm only where IOs are shown whole (records, a view streaming).
+    state.pid = bpf_get_current_pid_tgid() as u32;
     if settings().aggregate == agg::mode::RECORDS || streaming() {
-        state.pid = bpf_get_current_pid_tgid() as u32;
         read_current_comm(l, &mut state.comm);
     } else {
-        state.pid = 0;
         // Two word stores: `= [0; 16]` compiles to a call of a byte-loop memset.
         let words = (&raw mut state.comm).cast::<u64>();
         // SAFETY: `comm` is 16 bytes at an 8-aligned offset of the slot value.

@@ -5,7 +5,8 @@
 use core::ffi::c_void;
 
 use aya_ebpf::helpers::{
-    bpf_get_current_pid_tgid, bpf_probe_read_kernel, bpf_probe_read_kernel_buf, generated::bpf_get_current_task,
+    bpf_get_current_pid_tgid, bpf_probe_read_kernel, bpf_probe_read_kernel_buf,
+    generated::bpf_get_current_task,
 };
 use tracer_common::{KernelLayout, bio_dev_path, rq_disk_path};
 

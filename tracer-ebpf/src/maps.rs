@@ -9,8 +9,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use tracer_common::{
-    BioState, DeviceState, KernelLayout, RequestState, SeriesAgg, Settings, Slot, SubmitState, agg, limits,
-    lost,
+    BioState, DeviceState, IoRecord, KernelLayout, RequestState, SeriesAgg, Settings, Slot, SubmitState, agg,
+    event, limits, lost,
 };
 
 /// Struct offsets of the running kernel, written by the loader (read-only data).
@@ -64,6 +64,12 @@ pub(crate) static SERIES_OF: Array<u32> = Array::with_max_entries(limits::MAX_DE
 #[map]
 pub(crate) static STREAM: Array<u32> = Array::with_max_entries(1, 0);
 
+/// Per traced device (by `DeviceState::index`): an IO the kernel aggregates is also sent as a
+/// record when it took at least this long (ns; 0: never). The daemon keeps it at the slowest
+/// IOs' entry bar of the minute, so that it sees the slowest IOs whole.
+#[map]
+pub(crate) static SLOW_NS: Array<u64> = Array::with_max_entries(limits::MAX_DEVICES + 1, 0);
+
 /// Lower bios remapped by a stacked device, until their Q. Key: lower `struct bio *`;
 /// value: the upper `struct bio *`.
 #[map]
@@ -95,6 +101,18 @@ pub(crate) fn layout() -> &'static KernelLayout {
 #[inline(always)]
 pub(crate) fn streaming() -> bool {
     STREAM.get(0).is_some_and(|v| *v != 0)
+}
+
+/// Whether an IO of `disk` is among the slow ones the daemon wants whole (`SLOW_NS`): Q to C,
+/// or D to C where no Q was seen.
+#[inline(always)]
+pub(crate) fn slow(rec: &IoRecord, disk: Option<*mut DeviceState>) -> bool {
+    let Some(disk) = disk else { return false };
+    // SAFETY: a live map value; `index` is written once, at insert.
+    let index = unsafe { (*disk).index };
+    let Some(&threshold) = SLOW_NS.get(index) else { return false };
+    let start = if rec.ts[event::Q] != 0 { rec.ts[event::Q] } else { rec.ts[event::D] };
+    threshold != 0 && start != 0 && rec.ts[event::C].wrapping_sub(start) >= threshold
 }
 
 /// The start-up choices, read once per use (volatile: the loader's values, not the zeros).

@@ -12,7 +12,7 @@ use crate::{
     aggregate::aggregate,
     kernel::{Mem, rq_disk, scalar},
     maps::{
-        BIOS, DEVICES, EVENTS, LINKS, REQUESTS, commit_flags, count_lost, is_traced, layout, settings,
+        BIOS, DEVICES, EVENTS, LINKS, REQUESTS, commit_flags, count_lost, is_traced, layout, settings, slow,
         stacking, streaming,
     },
     slots::{copy_comm, copy_words, slot_claim_free, slot_free, slot_get, zero_words},
@@ -222,7 +222,7 @@ pub(crate) fn on_rq_complete<M: Mem>(rq: u64, error: u32, nr_bytes: u32) {
     s.record.error = error;
     let mode = settings().aggregate;
     if mode != agg::mode::RECORDS && aggregate(&s.record, disk) {
-        if mode == agg::mode::KERNEL && !streaming() {
+        if mode == agg::mode::KERNEL && !streaming() && !slow(&s.record, disk) {
             slot_free(state);
             return;
         }

@@ -6,5 +6,6 @@ pub mod layers;
 pub mod op;
 pub mod recorder;
 pub mod selection;
+pub mod slowest;
 pub mod stage;
 pub mod topology;

@@ -32,6 +32,9 @@ use crate::{
 /// Additions (fields readers may ignore) keep the version; removals and changed meanings bump it.
 pub const SCHEMA_VERSION: u32 = 1;
 
+/// Slow IOs a report shows per device (the agent keeps more: `slowest::PER_MINUTE` a minute).
+const SLOWEST_SHOWN: usize = 5;
+
 /// How `report` shows the capture.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct View {
@@ -68,6 +71,9 @@ pub struct Report {
     /// Where the IO came from when it was the agent's recorder.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub from_agent: Option<FromAgent>,
+    /// From the agent: each device's slowest IOs of every minute of the window, whole.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub slowest: Vec<crate::model::slowest::SlowMinute>,
 }
 
 #[derive(Debug, Serialize)]
@@ -272,6 +278,7 @@ impl Report {
             hooks: hooks.to_vec(),
             hist,
             from_agent: None,
+            slowest: vec![],
         }
     }
 
@@ -314,6 +321,7 @@ impl Report {
                 );
             }
         }
+        self.render_slowest(&mut out, style);
         let lost: Vec<String> =
             self.lost.iter().filter(|(_, n)| **n > 0).map(|(r, n)| format!("{r} {n}")).collect();
         let lost = if lost.is_empty() { "none".into() } else { style.red(&lost.join(", ")) };
@@ -327,6 +335,63 @@ impl Report {
 }
 
 impl Report {
+    /// The window's slowest IOs per device, slowest first (at most `SLOWEST_SHOWN` each).
+    fn render_slowest(&self, out: &mut String, style: Style) {
+        let mut devices: BTreeMap<&str, Vec<(u64, &crate::model::slowest::SlowIo)>> = BTreeMap::new();
+        for m in &self.slowest {
+            devices.entry(&m.device).or_default().extend(m.ios.iter().map(|io| (m.minute_unix_s, io)));
+        }
+        for (device, mut ios) in devices {
+            ios.sort_by_key(|io| std::cmp::Reverse(io.1.took_ns));
+            let title = format!(
+                "{device}: slowest IOs (of the {} kept per minute)",
+                crate::model::slowest::PER_MINUTE
+            );
+            let _ = writeln!(out, "\n{}", style.bold(&title));
+            let rows: Vec<Vec<String>> = ios
+                .iter()
+                .take(SLOWEST_SHOWN)
+                .map(|(minute, s)| {
+                    let v = &s.io;
+                    let ns = |stage: &str| {
+                        v["stages_ns"][stage].as_u64().map_or("-".into(), |n| t(n as f64 / 1e9))
+                    };
+                    vec![
+                        units::rfc3339(*minute as f64)[11..16].to_owned(),
+                        v["comm"].as_str().unwrap_or("?").to_owned(),
+                        v["pid"].to_string(),
+                        v["op"].as_str().unwrap_or("?").to_owned(),
+                        v["bytes"].to_string(),
+                        v["sector"].to_string(),
+                        v["path"].as_str().unwrap_or("").to_owned(),
+                        ns("q2d"),
+                        ns("d2c"),
+                        t(s.took_ns as f64 / 1e9),
+                    ]
+                })
+                .collect();
+            let time = (Align::Right, 9);
+            write_table(
+                out,
+                style,
+                &[
+                    (Align::Left, 6),
+                    (Align::Left, 15),
+                    (Align::Right, 7),
+                    (Align::Left, 5),
+                    (Align::Right, 7),
+                    (Align::Right, 10),
+                    (Align::Left, 5),
+                    time,
+                    time,
+                    time,
+                ],
+                &["minute", "comm", "pid", "op", "bytes", "sector", "path", "Q2D", "D2C", "took"],
+                &rows,
+            );
+        }
+    }
+
     /// To stdout: JSON, or the tables in the view's style.
     fn print(&self, view: View) -> Result<()> {
         let mut out = std::io::stdout().lock();
@@ -861,7 +926,7 @@ async fn intervals_from_agent(
         let request = api::Request::Window { from_unix_s: from, to_unix_s: until };
         let w: api::WindowAnswer = api::call(socket, &request, "window")?;
         from = if w.frames > 0 { w.to_unix_s } else { until + resolution / 2.0 };
-        window_report(w, view, None, selection, socket)?.print_interval(view)?;
+        window_report(w, view, None, selection, socket, false)?.print_interval(view)?;
         shown += 1;
         if every.count == Some(shown) {
             return Ok(());
@@ -923,21 +988,23 @@ fn show_window(
     selection: &Selection,
     socket: &Path,
 ) -> Result<()> {
-    window_report(w, view, save, selection, socket)?.print(view)
+    window_report(w, view, save, selection, socket, true)?.print(view)
 }
 
 /// A window of the agent's recorder as a report of the devices selected (`top`).
 pub fn window_report_for(w: api::WindowAnswer, selection: &Selection, socket: &Path) -> Result<Report> {
-    window_report(w, View::default(), None, selection, socket)
+    window_report(w, View::default(), None, selection, socket, false)
 }
 
-/// A window of the agent's recorder as a report of the devices selected (and saved).
+/// A window of the agent's recorder as a report of the devices selected (and saved), with
+/// their slowest IOs of the window's minutes when `slowest`.
 fn window_report(
     w: api::WindowAnswer,
     view: View,
     save: Option<&Path>,
     selection: &Selection,
     socket: &Path,
+    slowest: bool,
 ) -> Result<Report> {
     let mut capture = w.capture;
     select_devices(&mut capture, selection)?;
@@ -948,6 +1015,12 @@ fn window_report(
     let (agg, topo, lost) = capture.to_aggregate();
     let mut report =
         Report::build_with(&agg, &topo, &lost, &[], &capture.kernel, capture.duration_s, view.hist);
+    if slowest {
+        let request = api::Request::Slowest { from_unix_s: w.from_unix_s, to_unix_s: w.to_unix_s };
+        let shown: Vec<&str> = capture.devices.iter().map(|d| d.device.as_str()).collect();
+        let slowest: Vec<crate::model::slowest::SlowMinute> = api::call(socket, &request, "slowest")?;
+        report.slowest = slowest.into_iter().filter(|m| shown.contains(&m.device.as_str())).collect();
+    }
     report.from_agent = Some(FromAgent {
         socket: socket.to_owned(),
         from_unix_s: w.from_unix_s,

@@ -50,9 +50,7 @@ pub async fn run(config: &Config, selection: Selection, opts: LoadOptions) -> Re
     let mut session = Session::start(selection, &opts)?;
     let ops = session.tracer.ops;
     let aggregation = opts.aggregation;
-    if aggregation != Aggregation::Records {
-        give_series_to_all(&mut session)?;
-    }
+    let given = if aggregation != Aggregation::Records { give_series_to_all(&mut session)? } else { vec![] };
     let state = Arc::new(Mutex::new(State {
         agg: Aggregator::with_limits(false, config.series),
         hooks: session.tracer.hooks.clone(),
@@ -90,6 +88,10 @@ pub async fn run(config: &Config, selection: Selection, opts: LoadOptions) -> Re
         },
     ));
     tokio::spawn(http::serve(listener, state.clone(), security, config.api_http.then(|| shared.clone())));
+    for dev in given {
+        shared.slowest.lock().unwrap_or_else(|e| e.into_inner()).track(dev);
+    }
+    set_slow_bars(&mut session, &shared)?;
     tokio::spawn(api::serve(api_listener, shared.clone()));
     tracing::info!("metrics on {scheme}://{listen}/metrics; API on {}", config.socket.display());
     // The frame being filled for the recorder, and the lost counters when it began.
@@ -104,6 +106,7 @@ pub async fn run(config: &Config, selection: Selection, opts: LoadOptions) -> Re
         if shared.stream_count.load(Relaxed) > 0 {
             stream(&shared, io, topo, &ops);
         }
+        keep_if_slow(&shared, io, topo, &ops);
         if io.rec.flags & flag::IN_KERNEL != 0 {
             // Counted in the kernel already: here for the check, or for a stream.
             if aggregation == Aggregation::Check {
@@ -128,15 +131,20 @@ pub async fn run(config: &Config, selection: Selection, opts: LoadOptions) -> Re
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            r = session.read(on_io) => r?,
+            r = session.read(on_io) => {
+                r?;
+                set_slow_bars(&mut session, &shared)?;
+            }
             _ = tick.tick() => {
                 ticks += 1;
                 fold_kernel(&mut session, &state, &frame, (aggregation == Aggregation::Check).then_some(&check))?;
                 for dev in wants_series.borrow_mut().drain() {
-                    if session.resolved.is_target(dev) {
-                        session.tracer.give_series(dev)?;
+                    if session.resolved.is_target(dev) && session.tracer.give_series(dev)? {
+                        shared.slowest.lock().unwrap_or_else(|e| e.into_inner()).track(dev);
                     }
                 }
+                shared.slowest.lock().unwrap_or_else(|e| e.into_inner()).tick(unix_ms());
+                set_slow_bars(&mut session, &shared)?;
                 if ticks.is_multiple_of((stale_after.as_secs() / 4).clamp(1, SWEEP_EVERY)) {
                     session.sweep(stale_after)?;
                 }
@@ -204,6 +212,37 @@ pub async fn run(config: &Config, selection: Selection, opts: LoadOptions) -> Re
     Ok(())
 }
 
+/// Keeps the IO whole if it is among its device's slowest of the minute. The agent's queue
+/// program does not copy the submitter's comm: it is read from /proc now ("?" if the task is
+/// gone).
+fn keep_if_slow(shared: &api::Shared, io: &Io, topo: &Topology, ops: &OpDecoder) {
+    use crate::model::stage::Stage;
+    if io.rec.kind == kind::MERGE {
+        return;
+    }
+    let Some(took) = Stage::Q2c.of(io.rec).or_else(|| Stage::D2c.of(io.rec)) else { return };
+    let mut slowest = shared.slowest.lock().unwrap_or_else(|e| e.into_inner());
+    if !slowest.wants(io.target, took) {
+        return;
+    }
+    let device = topo.name_of(io.target);
+    let mut line = serde_json::to_value(snoop::line(&device, io, ops, topo)).unwrap_or_default();
+    if line["comm"] == "" && io.rec.pid != 0 {
+        let comm = std::fs::read_to_string(format!("/proc/{}/comm", io.rec.pid));
+        line["comm"] = comm.map_or_else(|_| "?".to_owned(), |c| c.trim_end().to_owned()).into();
+    }
+    slowest.offer(io.target, &device, took, line);
+}
+
+/// Writes the slow-IO bars the tracker asked for into the kernel.
+fn set_slow_bars(session: &mut Session, shared: &api::Shared) -> Result<()> {
+    let pending = shared.slowest.lock().unwrap_or_else(|e| e.into_inner()).take_pending();
+    for (dev, ns) in pending {
+        session.tracer.set_slow_threshold(dev, ns)?;
+    }
+    Ok(())
+}
+
 /// Sends one IO to every stream whose filter it passes, as a `snoop --json` line.
 fn stream(shared: &api::Shared, io: &Io, topo: &Topology, ops: &OpDecoder) {
     let streams = shared.streams.lock().unwrap_or_else(|e| e.into_inner());
@@ -221,16 +260,20 @@ fn stream(shared: &api::Shared, io: &Io, topo: &Topology, ops: &OpDecoder) {
 
 /// Series for every device traced at start, when there are enough for all; else they go to
 /// devices as they first do IO (a host with dozens of idle loop devices).
-fn give_series_to_all(session: &mut Session) -> Result<()> {
+/// Returns the devices given one.
+fn give_series_to_all(session: &mut Session) -> Result<Vec<u32>> {
     let mut targets: Vec<u32> = session.resolved.targets().collect();
     if targets.len() > session.tracer.series.usage().1 {
-        return Ok(());
+        return Ok(vec![]);
     }
     targets.sort_unstable();
+    let mut given = Vec::new();
     for dev in targets {
-        session.tracer.give_series(dev)?;
+        if session.tracer.give_series(dev)? {
+            given.push(dev);
+        }
     }
-    Ok(())
+    Ok(given)
 }
 
 fn aggregation_name(a: Aggregation) -> &'static str {

@@ -292,6 +292,16 @@ impl Tracer {
         stream.set(0, on as u32, 0).context("cannot switch the stream of records")
     }
 
+    /// IOs of `dev` the kernel aggregates are also sent as records when they take at least
+    /// `ns` (0: never); false if `dev` is not traced.
+    pub fn set_slow_threshold(&mut self, dev: u32, ns: u64) -> Result<bool> {
+        let Some(index) = self.indices.get(dev) else { return Ok(false) };
+        let map = self.ebpf.map_mut(names::SLOW_NS).context("no SLOW_NS map in the BPF object")?;
+        let mut slow: aya::maps::Array<_, u64> = aya::maps::Array::try_from(map)?;
+        slow.set(index, ns, 0).context("cannot set a slow-IO threshold")?;
+        Ok(true)
+    }
+
     /// Hands what the kernel counted since the last fold to `f`, per (device, op).
     pub fn fold_series(&mut self, f: impl FnMut(u32, u32, &tracer_common::SeriesAgg)) -> Result<()> {
         self.series.fold(&self.ebpf, f)

@@ -41,6 +41,8 @@ pub enum Request {
     Status {},
     /// The recorder's frames that overlap `[from_unix_s, to_unix_s)`, added up into a capture.
     Window { from_unix_s: f64, to_unix_s: f64 },
+    /// Each device's slowest IOs of every minute that overlaps `[from_unix_s, to_unix_s)`.
+    Slowest { from_unix_s: f64, to_unix_s: f64 },
     /// Every IO from now on, one `snoop --json` line each, that passes the filters.
     Stream {
         #[serde(flatten)]
@@ -148,6 +150,7 @@ pub struct WindowAnswer {
 pub struct Shared {
     pub recorder: Mutex<Recorder>,
     pub status: Mutex<Status>,
+    pub slowest: Mutex<crate::model::slowest::Slowest>,
     pub streams: Mutex<Vec<Subscriber>>,
     /// The number of streams, read per IO without the lock.
     pub stream_count: std::sync::atomic::AtomicUsize,
@@ -158,7 +161,13 @@ pub struct Shared {
 
 impl Shared {
     pub fn new(recorder: Recorder, status: Status) -> Shared {
-        Shared { recorder: Mutex::new(recorder), status: Mutex::new(status), ..Default::default() }
+        let minutes = recorder.limits.retention.as_secs().div_ceil(60);
+        Shared {
+            recorder: Mutex::new(recorder),
+            status: Mutex::new(status),
+            slowest: Mutex::new(crate::model::slowest::Slowest::new(minutes)),
+            ..Default::default()
+        }
     }
 
     fn status(&self) -> Status {
@@ -235,6 +244,11 @@ impl Shared {
             Ok(Request::Window { from_unix_s, to_unix_s }) => {
                 self.window(from_unix_s, to_unix_s).map(|w| ("window", serde_json::to_value(w)))
             }
+            Ok(Request::Slowest { from_unix_s, to_unix_s }) => {
+                let slowest =
+                    self.slowest.lock().unwrap_or_else(|e| e.into_inner()).window(from_unix_s, to_unix_s);
+                Ok(("slowest", serde_json::to_value(slowest)))
+            }
         };
         let body = match reply {
             Ok((key, Ok(value))) => serde_json::json!({ "version": VERSION, key: value }),
@@ -271,8 +285,8 @@ fn parse_request(line: &[u8]) -> Result<Request, String> {
     }
     serde_json::from_value(Value::Object(fields)).map_err(|e| {
         format!(
-            "not a valid request ({e}); requests: status, window (from_unix_s, to_unix_s), stream \
-                 (devices, min_latency_ns, pid, comm)"
+            "not a valid request ({e}); requests: status, window and slowest (from_unix_s, to_unix_s), \
+                 stream (devices, min_latency_ns, pid, comm)"
         )
     })
 }
