@@ -352,7 +352,7 @@ impl Report {
                 .iter()
                 .take(SLOWEST_SHOWN)
                 .map(|(minute, s)| {
-                    let v = &s.io;
+                    let v = &s.io();
                     let ns = |stage: &str| {
                         v["stages_ns"][stage].as_u64().map_or("-".into(), |n| t(n as f64 / 1e9))
                     };

@@ -231,7 +231,7 @@ fn keep_if_slow(shared: &api::Shared, io: &Io, topo: &Topology, ops: &OpDecoder)
         let comm = std::fs::read_to_string(format!("/proc/{}/comm", io.rec.pid));
         line["comm"] = comm.map_or_else(|_| "?".to_owned(), |c| c.trim_end().to_owned()).into();
     }
-    slowest.offer(io.target, &device, took, line);
+    slowest.offer(io.target, &device, took, &line);
 }
 
 /// Writes the slow-IO bars the tracker asked for into the kernel.

@@ -15,15 +15,23 @@ pub const PER_MINUTE: usize = 10;
 /// The bar each minute starts with: IOs faster than this are never among the slowest kept.
 const FLOOR_NS: u64 = 10_000;
 
-/// One slow IO: how long it took (Q2C, else D2C) and its whole record as `snoop --json` shows it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// One slow IO: how long it took (Q2C, else D2C) and its whole record as `snoop --json` shows it,
+/// kept as its JSON text (a parsed value would take several times the memory).
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SlowIo {
     pub took_ns: u64,
-    pub io: serde_json::Value,
+    pub io: Box<serde_json::value::RawValue>,
+}
+
+impl SlowIo {
+    /// The record, parsed.
+    pub fn io(&self) -> serde_json::Value {
+        serde_json::from_str(self.io.get()).unwrap_or_default()
+    }
 }
 
 /// One device's slowest IOs of one minute, slowest first.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SlowMinute {
     pub device: String,
     pub minute_unix_s: u64,
@@ -65,7 +73,8 @@ impl Slowest {
 
     /// Takes an IO of `dev` (named `device`) that `wants` admitted; raises the kernel's bar
     /// once the minute's list is full.
-    pub fn offer(&mut self, dev: u32, device: &str, took_ns: u64, io: serde_json::Value) {
+    pub fn offer(&mut self, dev: u32, device: &str, took_ns: u64, io: &serde_json::Value) {
+        let Ok(io) = serde_json::value::to_raw_value(io) else { return };
         let (_, list) = self.current.entry(dev).or_insert_with(|| (device.to_owned(), Vec::new()));
         let at = list.partition_point(|s| s.took_ns >= took_ns);
         list.insert(at, SlowIo { took_ns, io });
@@ -141,11 +150,11 @@ mod tests {
         assert_eq!(s.take_pending(), vec![(7, FLOOR_NS)]);
         for took in 1..=PER_MINUTE as u64 {
             assert!(s.wants(7, took * 20_000));
-            s.offer(7, "loop0", took * 20_000, io(took));
+            s.offer(7, "loop0", took * 20_000, &io(took));
         }
         assert_eq!(s.take_pending(), vec![(7, 20_001)], "full: the 10th slowest + 1");
         for took in [50_000_000u64, 2_000_000, 3_000_000] {
-            s.offer(7, "loop0", took, io(took));
+            s.offer(7, "loop0", took, &io(took));
         }
         // Three slower ones pushed out 20, 40 and 60 µs: the 10th slowest is 80 µs.
         assert_eq!(s.take_pending().last(), Some(&(7, 80_001)));
@@ -162,7 +171,7 @@ mod tests {
         s.tick(60_000);
         s.track(7);
         for took in 0..12u64 {
-            s.offer(7, "loop0", 2_000_000 + took, io(took));
+            s.offer(7, "loop0", 2_000_000 + took, &io(took));
         }
         assert_eq!(s.take_pending().last(), Some(&(7, 2_000_002 + 1)));
         s.tick(61_000);
