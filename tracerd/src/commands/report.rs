@@ -938,10 +938,7 @@ async fn intervals_from_agent(
 /// afresh every interval.
 async fn intervals_standalone(session: &mut Session, every: Interval, view: View) -> Result<()> {
     let ops = session.tracer.ops;
-    let kernel = kernel_release();
-    let mut base = session.lost()?;
-    let mut agg = Aggregator::new(view.by_qd);
-    let mut started = Instant::now();
+    let mut rolling = Rolling::new(session, view.by_qd)?;
     let mut tick = tokio::time::interval(Duration::from_secs_f64(every.secs));
     tick.tick().await;
     let mut rescan = tokio::time::interval(Duration::from_secs(1));
@@ -950,7 +947,7 @@ async fn intervals_standalone(session: &mut Session, every: Interval, view: View
     let mut shown = 0;
     loop {
         let last = tokio::select! {
-            r = session.read(|io, topo| agg.add(io.target, ops.op(io.rec.cmd_flags), io.rec, io.layers, |d| topo.name_of(d))) => {
+            r = session.read(|io, topo| rolling.add(io, topo, &ops)) => {
                 r?;
                 continue;
             }
@@ -961,22 +958,62 @@ async fn intervals_standalone(session: &mut Session, every: Interval, view: View
             _ = tick.tick() => false,
             // Interrupted: the interval so far is printed too, as biolatency does.
             _ = &mut shutdown => {
-                session.drain_now(|io, topo| {
-                    agg.add(io.target, ops.op(io.rec.cmd_flags), io.rec, io.layers, |d| topo.name_of(d))
-                });
+                session.drain_now(|io, topo| rolling.add(io, topo, &ops));
                 true
             }
         };
-        let now = session.lost()?;
-        let lost = Lost { series_limit: agg.over_limit, ..now.since(&base) };
-        let elapsed = started.elapsed().as_secs_f64();
-        Report::build_with(&agg, &session.topo, &lost, &session.tracer.hooks, &kernel, elapsed, view.hist)
-            .print_interval(view)?;
-        (agg, base, started) = (Aggregator::new(view.by_qd), now, Instant::now());
+        rolling.roll(session, view.hist)?.print_interval(view)?;
         shown += 1;
         if last || every.count == Some(shown) {
             return Ok(());
         }
+    }
+}
+
+/// An aggregate reported and started afresh every interval (`report --interval`, `top`).
+pub struct Rolling {
+    agg: Aggregator,
+    /// The lost-event counters when the interval began.
+    base: Lost,
+    started: Instant,
+    kernel: String,
+}
+
+impl Rolling {
+    pub fn new(session: &Session, by_qd: bool) -> Result<Rolling> {
+        Ok(Rolling {
+            agg: Aggregator::new(by_qd),
+            base: session.lost()?,
+            started: Instant::now(),
+            kernel: kernel_release(),
+        })
+    }
+
+    pub fn add(
+        &mut self,
+        io: &crate::kernel::session::Io,
+        topo: &Topology,
+        ops: &crate::model::op::OpDecoder,
+    ) {
+        self.agg.add(io.target, ops.op(io.rec.cmd_flags), io.rec, io.layers, |d| topo.name_of(d));
+    }
+
+    /// The interval so far as a report; the next one begins.
+    pub fn roll(&mut self, session: &Session, hist: Option<Stage>) -> Result<Report> {
+        let now = session.lost()?;
+        let lost = Lost { series_limit: self.agg.over_limit, ..now.since(&self.base) };
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let report = Report::build_with(
+            &self.agg,
+            &session.topo,
+            &lost,
+            &session.tracer.hooks,
+            &self.kernel,
+            elapsed,
+            hist,
+        );
+        (self.agg, self.base, self.started) = (Aggregator::new(self.agg.by_qd), now, Instant::now());
+        Ok(report)
     }
 }
 

@@ -21,10 +21,9 @@ use ratatui::{
 
 use crate::{
     commands::capture,
-    commands::report::{DeviceReport, OpReport, Report},
+    commands::report::{DeviceReport, OpReport, Report, Rolling},
     kernel::session::{Session, shutdown_signal},
-    kernel::tracer::{LoadOptions, kernel_release},
-    model::aggregate::{Aggregator, Lost},
+    kernel::tracer::LoadOptions,
     model::selection::Selection,
     model::stage::Stage,
     serve::api,
@@ -427,10 +426,7 @@ async fn standalone(
     session: &mut Session,
 ) -> Result<()> {
     let ops = session.tracer.ops;
-    let kernel = kernel_release();
-    let mut base = session.lost()?;
-    let mut agg = Aggregator::new(false);
-    let mut started = std::time::Instant::now();
+    let mut rolling = Rolling::new(session, false)?;
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     let mut poll = tokio::time::interval(Duration::from_millis(100));
@@ -438,7 +434,7 @@ async fn standalone(
     second.tick().await;
     loop {
         tokio::select! {
-            r = session.read(|io, topo| agg.add(io.target, ops.op(io.rec.cmd_flags), io.rec, io.layers, |d| topo.name_of(d))) => {
+            r = session.read(|io, topo| rolling.add(io, topo, &ops)) => {
                 r?;
                 continue;
             }
@@ -449,13 +445,10 @@ async fn standalone(
             }
             _ = second.tick() => {
                 session.refresh_devices()?;
-                let now = session.lost()?;
-                let lost = Lost { series_limit: agg.over_limit, ..now.since(&base) };
-                let elapsed = started.elapsed().as_secs_f64();
+                let report = rolling.roll(session, None)?;
                 if !view.paused {
-                    view.report = Some(Report::build(&agg, &session.topo, &lost, &session.tracer.hooks, &kernel, elapsed));
+                    view.report = Some(report);
                 }
-                (agg, base, started) = (Aggregator::new(false), now, std::time::Instant::now());
             }
             _ = &mut shutdown => return Ok(()),
         }
