@@ -43,6 +43,10 @@ pub mod flag {
     pub const CLONED: u8 = 1 << 2;
     /// The kernel also counted this IO into its own aggregation (`run --aggregation check`).
     pub const IN_KERNEL: u8 = 1 << 3;
+    /// [`IoRecord::cgroup`] is the submitting task's cgroup v2 id: the bio had no blkcg
+    /// association of its own, or only the root's. Without it, the cgroup is the bio's blkcg
+    /// (`bio->bi_blkg`), in the hierarchy the io/blkio controller is mounted in (v2, or v1 blkio).
+    pub const CGROUP_TASK: u8 = 1 << 4;
 }
 
 /// Why an event was lost. Index into the kernel's per-CPU `LOST` counters; the daemon adds
@@ -73,6 +77,8 @@ pub struct IoRecord {
     pub ts: [u64; event::COUNT],
     /// First sector (512 bytes) on the whole disk.
     pub sector: u64,
+    /// Id of the cgroup the IO is charged to (see [`flag::CGROUP_TASK`]); 0 when unknown.
+    pub cgroup: u64,
     /// Whole disk the request ran on (kernel `dev_t`: major << 20 | minor); 0 for merges.
     pub disk: u32,
     /// Device the bio was queued on (a partition or the disk); 0 when no Q was seen.
@@ -126,6 +132,8 @@ pub struct BioState {
     pub parent: u64,
     pub submit_ns: u64,
     pub personality_ns: u64,
+    /// Cgroup id (see [`IoRecord::cgroup`]).
+    pub cgroup: u64,
     pub dev: u32,
     pub pid: u32,
     pub opf: u32,
@@ -413,6 +421,15 @@ pub struct KernelLayout {
     /// `struct request.start_time_ns` and `.io_start_time_ns`; 0 where BTF lacks them.
     pub rq_start_time_ns: u32,
     pub rq_io_start_time_ns: u32,
+    /// Non-zero when BTF has the blkcg chain below (CONFIG_BLK_CGROUP): a bio's cgroup is
+    /// `bio->bi_blkg->blkcg->css.cgroup->kn->id`.
+    pub bio_cgroup: u32,
+    pub bio_bi_blkg: u32,
+    pub blkg_blkcg: u32,
+    /// `struct blkcg.css.cgroup` (css is embedded).
+    pub blkcg_css_cgroup: u32,
+    pub cgroup_kn: u32,
+    pub kernfs_node_id: u32,
 }
 
 impl KernelLayout {
@@ -442,6 +459,12 @@ impl KernelLayout {
         task_comm: 0,
         rq_start_time_ns: 0,
         rq_io_start_time_ns: 0,
+        bio_cgroup: 0,
+        bio_bi_blkg: 0,
+        blkg_blkcg: 0,
+        blkcg_css_cgroup: 0,
+        cgroup_kn: 0,
+        kernfs_node_id: 0,
     };
 }
 

@@ -7,7 +7,7 @@ use aya_ebpf::helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns};
 use tracer_common::{IoRecord, agg, event, flag, kind, limits, lost};
 
 use crate::{
-    kernel::{Mem, bio_dev, read_current_comm},
+    kernel::{Mem, bio_cgroup, bio_dev, read_current_comm},
     maps::{BIOS, EVENTS, LINKS, commit_flags, count_lost, is_traced, layout, settings, stacking, streaming},
     slots::{copy_comm, copy_words, slot_claim, slot_free, slot_get, zero_words},
 };
@@ -37,7 +37,7 @@ pub(crate) fn on_bio_queue<M: Mem>(bio: u64) {
     state.dev = dev;
     state.opf = M::read(bio, l.bio_bi_opf);
     state.bytes = M::read(bio, l.bio_bi_size);
-    state.flags = 0;
+    (state.cgroup, state.flags) = bio_cgroup::<M>(l, bio);
     // Who queued the bio: the pid always (a slow IO's record names it; the daemon reads its
     // comm from /proc), the comm only where IOs are shown whole (records, a view streaming).
     state.pid = bpf_get_current_pid_tgid() as u32;
@@ -108,6 +108,7 @@ pub(crate) fn on_bio_merge<M: Mem>(bio: u64) {
         rec.bytes = M::read(bio, l.bio_bi_size);
         rec.sector = M::read(bio, l.bio_bi_sector);
         rec.pid = state.pid;
+        rec.cgroup = state.cgroup;
         copy_comm(&mut rec.comm, &state.comm);
         rec.ts[event::Q] = state.queued_ns;
         rec.ts[event::M] = bpf_ktime_get_ns();
@@ -142,6 +143,7 @@ pub(crate) fn on_bio_complete<M: Mem>(bio: u64) {
         rec.bytes = b.bytes;
         rec.sector = b.sector;
         rec.pid = b.pid;
+        rec.cgroup = b.cgroup;
         copy_comm(&mut rec.comm, &b.comm);
         rec.error = status as u32;
         rec.id = key;

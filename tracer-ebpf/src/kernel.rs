@@ -6,9 +6,9 @@ use core::ffi::c_void;
 
 use aya_ebpf::helpers::{
     bpf_get_current_pid_tgid, bpf_probe_read_kernel, bpf_probe_read_kernel_buf,
-    generated::bpf_get_current_task,
+    generated::{bpf_get_current_cgroup_id, bpf_get_current_task},
 };
-use tracer_common::{KernelLayout, bio_dev_path, rq_disk_path};
+use tracer_common::{KernelLayout, bio_dev_path, flag, rq_disk_path};
 
 /// A kernel pointer as a plain number, for hashing and map keys. tp_btf programs hold typed
 /// pointers, on which the verifier allows no arithmetic but adding offsets; copying the value
@@ -116,4 +116,26 @@ pub(crate) fn rq_disk<M: Mem>(l: &KernelLayout, rq: u64) -> u32 {
         return 0;
     }
     mkdev(M::read(disk, l.disk_major), M::read(disk, l.disk_first_minor))
+}
+
+/// The cgroup a bio is charged to, and how it was found (0 or [`flag::CGROUP_TASK`]): its own
+/// blkcg association (`bi_blkg`, which writeback and kernel threads set for the cgroup they
+/// work for), else, where it has none or only the root's, the submitting task's v2 cgroup.
+#[inline(always)]
+pub(crate) fn bio_cgroup<M: Mem>(l: &KernelLayout, bio: u64) -> (u64, u8) {
+    if l.bio_cgroup != 0 {
+        let blkg: u64 = M::read(bio, l.bio_bi_blkg);
+        if blkg != 0 {
+            let blkcg: u64 = M::read(blkg, l.blkg_blkcg);
+            let cgroup: u64 = M::read(blkcg, l.blkcg_css_cgroup);
+            let kn: u64 = M::read(cgroup, l.cgroup_kn);
+            let id: u64 = M::read(kn, l.kernfs_node_id);
+            // Ids start at 1, the hierarchy's root.
+            if id > 1 {
+                return (id, 0);
+            }
+        }
+    }
+    // SAFETY: a helper without arguments.
+    (unsafe { bpf_get_current_cgroup_id() }, flag::CGROUP_TASK)
 }

@@ -45,6 +45,7 @@ pub(crate) fn init_request_record<M: Mem>(l: &KernelLayout, rq: u64, id: u64, di
             rec.ts[event::G] = b.getrq_ns;
             rec.dev = b.dev;
             rec.pid = b.pid;
+            rec.cgroup = b.cgroup;
             copy_comm(&mut rec.comm, &b.comm);
             rec.flags = b.flags;
             rec.parent = b.parent;

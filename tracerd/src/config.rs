@@ -9,7 +9,9 @@ use serde::Deserialize;
 
 use crate::{
     cli::DEFAULT_LISTEN,
+    kernel::cgroupfs::LabelForm,
     model::aggregate::{HistogramRange, SeriesLimits},
+    model::cgroups::CgroupLimits,
     model::recorder::RecorderLimits,
     serve::api,
 };
@@ -34,6 +36,18 @@ pub struct File {
     pub recorder: RecorderSection,
     #[serde(default)]
     pub api: ApiSection,
+    #[serde(default)]
+    pub cgroups: CgroupsSection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CgroupsSection {
+    pub label: Option<String>,
+    pub include: Option<Vec<String>>,
+    pub exclude: Option<Vec<String>>,
+    pub top: Option<usize>,
+    pub expire_after_s: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -119,6 +133,8 @@ pub struct Config {
     pub socket: std::path::PathBuf,
     /// Also serve the API read-only on the HTTP listener (`/api/v1/...`).
     pub api_http: bool,
+    /// The opt-in `cgroup` label and its bound.
+    pub cgroups: CgroupLimits,
 }
 
 /// TLS and basic auth of the metrics endpoint, as the config names them (files are read and
@@ -145,6 +161,7 @@ impl Default for Config {
             recorder: RecorderLimits::default(),
             socket: api::DEFAULT_SOCKET.into(),
             api_http: false,
+            cgroups: CgroupLimits::default(),
         }
     }
 }
@@ -281,6 +298,32 @@ pub fn resolve(file: File, flags: Flags) -> Result<Config> {
     if !socket.is_absolute() {
         bail!("api.socket = \"{}\": give an absolute path", socket.display());
     }
+    let c = file.cgroups;
+    let cgroups = CgroupLimits {
+        label: match c.label.as_deref() {
+            None => d.cgroups.label,
+            Some(l) => LabelForm::parse(l).with_context(|| {
+                format!("cgroups.label = \"{l}\": must be none, path, unit (systemd) or pod (Kubernetes)")
+            })?,
+        },
+        include: c.include.unwrap_or_default(),
+        exclude: c.exclude.unwrap_or_default(),
+        top: c.top.unwrap_or(d.cgroups.top),
+        expire_after: Duration::from_secs(c.expire_after_s.unwrap_or(d.cgroups.expire_after.as_secs())),
+    };
+    if !(1..=10_000).contains(&cgroups.top) {
+        bail!("cgroups.top = {}: must be 1 to 10000", cgroups.top);
+    }
+    if cgroups.expire_after.is_zero() {
+        bail!("cgroups.expire_after_s = 0: must be at least 1 (seconds)");
+    }
+    if let Some(p) =
+        cgroups.include.iter().chain(&cgroups.exclude).find(|p| !p.starts_with('/') && !p.starts_with('*'))
+    {
+        bail!(
+            "cgroups include/exclude pattern \"{p}\": patterns match cgroup paths, which start with / (or use *)"
+        );
+    }
     Ok(Config {
         listen,
         ring_buffer_bytes,
@@ -293,6 +336,7 @@ pub fn resolve(file: File, flags: Flags) -> Result<Config> {
         recorder,
         socket,
         api_http: file.api.http.unwrap_or(d.api_http),
+        cgroups,
     })
 }
 
@@ -362,6 +406,12 @@ mod tests {
         assert!(err("lisen = \"x\"").contains("unknown field `lisen`"), "{}", err("lisen = \"x\""));
         assert!(err("[series]\nmax_devices = 0").contains("series.max_devices = 0: must be 1 to 65536"));
         assert!(err("[series]\nexpire_after_s = 0").contains("series.expire_after_s = 0"));
+        assert!(
+            err("[cgroups]\nlabel = \"pods\"").contains("cgroups.label = \"pods\": must be none, path, unit")
+        );
+        assert!(err("[cgroups]\ntop = 0").contains("cgroups.top = 0"));
+        assert!(err("[cgroups]\nexclude = [\"system.slice\"]").contains("start with /"));
+        assert!(err("[cgroups]\nlabels = \"path\"").contains("labels"), "unknown keys are refused");
         assert!(err("[in_flight]\nstale_after_s = 1").contains("in_flight.stale_after_s = 1"));
         assert!(err("ring_buffer_bytes = 5000").contains("ring_buffer_bytes = 5000: must be a power of two"));
         assert!(err("listen = \"nowhere\"").contains("listen = \"nowhere\": not an address"));

@@ -2,6 +2,7 @@
 //! ring-buffer session and record decoding.
 
 pub mod btf;
+pub mod cgroupfs;
 pub mod hooks;
 pub mod layout;
 pub mod record;

@@ -2,6 +2,7 @@
 //! device topology and which devices are traced, and the flight recorder of the past hour.
 
 pub mod aggregate;
+pub mod cgroups;
 pub mod layers;
 pub mod op;
 pub mod recorder;

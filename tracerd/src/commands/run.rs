@@ -14,9 +14,11 @@ use crate::{
     commands::capture::hostname,
     commands::snoop,
     config::Config,
+    kernel::cgroupfs::CgroupNames,
     kernel::session::{Io, Session, shutdown_signal},
     kernel::tracer::{Aggregation, LoadOptions, kernel_release},
     model::aggregate::{Aggregator, Lost, count_like_the_kernel},
+    model::cgroups::CgroupSeries,
     model::op::{Op, OpDecoder},
     model::recorder::{FrameBuilder, Recorder},
     model::selection::Selection,
@@ -39,7 +41,7 @@ fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-pub async fn run(config: &Config, selection: Selection, opts: LoadOptions) -> Result<()> {
+pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -> Result<()> {
     let (listen, stale_after) = (config.listen, config.stale_after);
     // Bind first, read the TLS and password files: a port in use, a second agent or a bad
     // certificate fails before anything is loaded into the kernel.
@@ -47,9 +49,19 @@ pub async fn run(config: &Config, selection: Selection, opts: LoadOptions) -> Re
     let security = http::Security::load(&config.http)?;
     let scheme = security.scheme();
     let (api_listener, _socket_file) = api::bind(&config.socket)?;
+    if config.cgroups.enabled() && opts.aggregation != Aggregation::Records {
+        // The kernel's series are per device and op: per-cgroup series need each IO's record.
+        tracing::info!(
+            "cgroups.label = {:?}: every IO is sent as a record and aggregated per cgroup here \
+             (the in-kernel aggregation keeps no per-cgroup series; README, Cgroups)",
+            config.cgroups.label
+        );
+        opts.aggregation = Aggregation::Records;
+    }
     let mut session = Session::start(selection, &opts)?;
     let ops = session.tracer.ops;
     let aggregation = opts.aggregation;
+    let cgroup_names = RefCell::new(CgroupNames::detect());
     let given = if aggregation != Aggregation::Records { give_series_to_all(&mut session)? } else { vec![] };
     let state = Arc::new(Mutex::new(State {
         agg: Aggregator::with_limits(false, config.series),
@@ -62,6 +74,7 @@ pub async fn run(config: &Config, selection: Selection, opts: LoadOptions) -> Re
         } else {
             session.tracer.series.usage()
         },
+        cgroups: config.cgroups.enabled().then(|| CgroupSeries::new(config.cgroups.clone())),
         ..Default::default()
     }));
     let shared = Arc::new(api::Shared::new(
@@ -117,6 +130,10 @@ pub async fn run(config: &Config, selection: Selection, opts: LoadOptions) -> Re
         frame.borrow_mut().add_record(io.target, op, io.rec, io.layers);
         let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
         st.agg.add(io.target, op, io.rec, io.layers, |d| topo.name_of(d));
+        if let Some(c) = &mut st.cgroups {
+            let label = c.limits.label_of(&cgroup_names.borrow_mut().of(io.rec));
+            c.add(io.target, op, io.rec, label.as_deref().map_err(|e| *e), std::time::Instant::now());
+        }
         if aggregation != Aggregation::Records
             && io.rec.kind == kind::REQUEST
             && io.rec.parent == 0
@@ -161,6 +178,10 @@ pub async fn run(config: &Config, selection: Selection, opts: LoadOptions) -> Re
                 st.agg.lost = Lost { series_limit: st.agg.over_limit, ..lost };
                 let topo = &session.topo;
                 st.agg.expire(|dev| topo.get(dev).is_some(), std::time::Instant::now());
+                if let Some(c) = &mut st.cgroups {
+                    c.tick(std::time::Instant::now());
+                    cgroup_names.borrow_mut().forget_idle(c.limits.expire_after);
+                }
                 st.records = session.records;
                 st.programs = programs;
                 if let Some(n) = in_flight {

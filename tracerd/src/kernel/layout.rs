@@ -48,6 +48,16 @@ pub fn resolve(btf: &Btf) -> Result<KernelLayout> {
     if btf.has_member("request", "io_start_time_ns") {
         l.rq_io_start_time_ns = off("request", &["io_start_time_ns"])?;
     }
+    // The cgroup an IO is charged to (CONFIG_BLK_CGROUP; without it the programs fall back to
+    // the submitting task's cgroup).
+    if btf.has_member("bio", "bi_blkg") {
+        l.bio_cgroup = 1;
+        l.bio_bi_blkg = off("bio", &["bi_blkg"])?;
+        l.blkg_blkcg = off("blkcg_gq", &["blkcg"])?;
+        l.blkcg_css_cgroup = off("blkcg", &["css", "cgroup"])?;
+        l.cgroup_kn = off("cgroup", &["kn"])?;
+        l.kernfs_node_id = off("kernfs_node", &["id"])?;
+    }
     // 5.17 dropped rq->rq_disk in favour of rq->q->disk.
     if btf.has_member("request", "rq_disk") {
         l.rq_disk_path = rq_disk_path::RQ_DISK;
@@ -72,23 +82,28 @@ mod tests {
         b.strukt("gendisk", 4, 64, &[("major", u32t, 0), ("first_minor", u32t, 4)]);
         b.strukt("block_device", 4, 64, &[("bd_start_sect", u64t, 0), ("bd_dev", u32t, 12)]);
         let dev_member = if new_style { "bi_bdev" } else { "bi_disk" };
-        b.strukt(
-            "bio",
-            4,
-            128,
-            &[
-                (dev_member, u64t, 8),
-                ("bi_partno", u32t, 16),
-                ("bi_opf", u32t, 20),
-                ("bi_iter", iter, 32),
-                ("bi_private", u64t, 64),
-                ("bi_status", u32t, 72),
-                ("bi_next", u64t, 0),
-            ],
-        );
+        let mut bio = vec![
+            (dev_member, u64t, 8),
+            ("bi_partno", u32t, 16),
+            ("bi_opf", u32t, 20),
+            ("bi_iter", iter, 32),
+            ("bi_private", u64t, 64),
+            ("bi_status", u32t, 72),
+            ("bi_next", u64t, 0),
+        ];
+        // Kernels built without CONFIG_BLK_CGROUP have no bi_blkg.
+        if new_style {
+            bio.push(("bi_blkg", u64t, 80));
+        }
+        b.strukt("bio", 4, 128, &bio);
         b.strukt("request_queue", 4, 64, &[("disk", u64t, 40)]);
         b.strukt("blk_mq_queue_data", 4, 16, &[("rq", u64t, 0), ("last", u32t, 8)]);
         b.strukt("task_struct", 4, 4096, &[("comm", u64t, 3000)]);
+        let css = b.strukt("cgroup_subsys_state", 4, 64, &[("cgroup", u64t, 0), ("ss", u64t, 8)]);
+        b.strukt("blkcg_gq", 4, 64, &[("q", u64t, 0), ("blkcg", u64t, 40)]);
+        b.strukt("blkcg", 4, 128, &[("lock", u32t, 0), ("css", css, 16)]);
+        b.strukt("cgroup", 4, 256, &[("self", css, 0), ("kn", u64t, 200)]);
+        b.strukt("kernfs_node", 4, 128, &[("count", u32t, 0), ("id", u64t, 88)]);
         let mut rq = vec![
             ("q", u64t, 0),
             ("cmd_flags", u32t, 24),
@@ -116,6 +131,11 @@ mod tests {
         assert_eq!((l.rq_cmd_flags, l.rq_data_len, l.rq_sector, l.rq_bio), (24, 44, 48, 56));
         assert_eq!(l.task_comm, 3000);
         assert_eq!((l.rq_start_time_ns, l.rq_io_start_time_ns), (104, 112));
+        assert_eq!(l.bio_cgroup, 1);
+        assert_eq!(
+            (l.bio_bi_blkg, l.blkg_blkcg, l.blkcg_css_cgroup, l.cgroup_kn, l.kernfs_node_id),
+            (80, 40, 16, 200, 88)
+        );
     }
 
     #[test]
@@ -126,6 +146,7 @@ mod tests {
         assert_eq!(l.rq_disk_path, rq_disk_path::RQ_DISK);
         assert_eq!(l.rq_rq_disk, 96);
         assert_eq!((l.rq_start_time_ns, l.rq_io_start_time_ns), (0, 0), "absent: not read");
+        assert_eq!(l.bio_cgroup, 0, "no blkcg: the task's cgroup is used");
     }
 
     #[test]

@@ -116,7 +116,7 @@ pub struct SeriesFrame {
 
 impl SeriesFrame {
     /// One record, counted as `Aggregator::add` counts it.
-    fn add_record(&mut self, rec: &IoRecord, layers: &[LayerSplit]) {
+    pub fn add_record(&mut self, rec: &IoRecord, layers: &[LayerSplit]) {
         for split in layers {
             let l = self.layers.entry(split.lower).or_insert_with(|| LayerFrame {
                 ios: 0,

@@ -3,11 +3,15 @@
 
 use std::fmt::Write;
 
+use tracer_common::agg;
+
 use crate::{
     kernel::hooks::HookStatus,
     kernel::tracer::ProgramTotals,
     model::aggregate::{Aggregator, QueueDepths, StageHist},
+    model::cgroups::CgroupSeries,
     model::layers::Phase,
+    model::recorder::{Buckets, SeriesFrame},
     model::stage::Stage,
     serve::process::ProcessStats,
 };
@@ -40,6 +44,9 @@ pub struct State {
     pub kernel_series: (usize, usize),
     /// The flight recorder's size (the agent's; zero elsewhere).
     pub recorder: RecorderGauges,
+    /// Per-cgroup series (config `[cgroups] label`): then the stage and request metrics carry
+    /// a `cgroup` label, and a device's series add up over it.
+    pub cgroups: Option<CgroupSeries>,
 }
 
 /// The flight recorder, as /metrics shows it.
@@ -92,9 +99,28 @@ fn histogram(out: &mut String, name: &str, labels: &str, h: &StageHist) {
     let _ = writeln!(out, "{name}_count{{{labels}}} {}", h.count());
 }
 
+/// One histogram series from the kernel's buckets: each Prometheus bound is one of theirs,
+/// so the cumulative counts are exact.
+fn buckets_histogram(out: &mut String, name: &str, labels: &str, b: &Buckets) {
+    let mut cumulative = 0;
+    let mut k = 0;
+    for le in BUCKETS_S {
+        let le_ns = (le * 1e9).round() as u64;
+        while k < agg::BOUNDS_NS.len() && agg::BOUNDS_NS[k] <= le_ns {
+            cumulative += b.counts[k];
+            k += 1;
+        }
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", b.count());
+    let _ = writeln!(out, "{name}_sum{{{labels}}} {}", b.sum_ns as f64 / 1e9);
+    let _ = writeln!(out, "{name}_count{{{labels}}} {}", b.count());
+}
+
 pub fn render(state: &State) -> String {
     let mut out = String::with_capacity(64 * 1024);
     let series = state.agg.sorted();
+    let cgroups = state.cgroups.as_ref().map(|c| c.sorted(|d| state.agg.name(d)));
 
     header(
         &mut out,
@@ -102,12 +128,35 @@ pub fn render(state: &State) -> String {
         "histogram",
         "Time IOs spent in each block-layer stage (blktrace intervals).",
     );
-    for (device, op, stats) in &series {
-        for stage in Stage::ALL {
-            let Some(h) = stats.stage(stage) else { continue };
-            let labels =
-                format!("device=\"{}\",op=\"{}\",stage=\"{}\"", escape(device), op.as_str(), stage.as_str());
-            histogram(&mut out, "tracerd_io_stage_seconds", &labels, h);
+    match &cgroups {
+        None => {
+            for (device, op, stats) in &series {
+                for stage in Stage::ALL {
+                    let Some(h) = stats.stage(stage) else { continue };
+                    let labels = format!(
+                        "device=\"{}\",op=\"{}\",stage=\"{}\"",
+                        escape(device),
+                        op.as_str(),
+                        stage.as_str()
+                    );
+                    histogram(&mut out, "tracerd_io_stage_seconds", &labels, h);
+                }
+            }
+        }
+        Some(cgroups) => {
+            for (device, op, cgroup, s) in cgroups {
+                for stage in Stage::ALL {
+                    let Some(b) = &s.stages[stage.index()] else { continue };
+                    let labels = format!(
+                        "device=\"{}\",op=\"{}\",cgroup=\"{}\",stage=\"{}\"",
+                        escape(device),
+                        op.as_str(),
+                        escape(cgroup),
+                        stage.as_str()
+                    );
+                    buckets_histogram(&mut out, "tracerd_io_stage_seconds", &labels, b);
+                }
+            }
         }
     }
 
@@ -178,17 +227,66 @@ pub fn render(state: &State) -> String {
         ("tracerd_io_merged_bios_total", "Bios merged into an existing request.", |s| s.merged_bios),
         ("tracerd_io_errors_total", "Requests completed with an error status.", |s| s.errors),
     ];
-    for (name, help, value) in counters {
+    // The same counters, of a cgroup's series.
+    let cgroup_values: [fn(&SeriesFrame) -> u64; 4] =
+        [|s| s.requests, |s| s.bytes, |s| s.merged_bios, |s| s.errors];
+    for ((name, help, value), cgroup_value) in counters.into_iter().zip(cgroup_values) {
         header(&mut out, name, "counter", help);
-        for (device, op, stats) in &series {
-            let _ = writeln!(
-                out,
-                "{name}{{device=\"{}\",op=\"{}\"}} {}",
-                escape(device),
-                op.as_str(),
-                value(stats)
-            );
+        match &cgroups {
+            None => {
+                for (device, op, stats) in &series {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{device=\"{}\",op=\"{}\"}} {}",
+                        escape(device),
+                        op.as_str(),
+                        value(stats)
+                    );
+                }
+            }
+            Some(cgroups) => {
+                for (device, op, cgroup, s) in cgroups {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{device=\"{}\",op=\"{}\",cgroup=\"{}\"}} {}",
+                        escape(device),
+                        op.as_str(),
+                        escape(cgroup),
+                        cgroup_value(s)
+                    );
+                }
+            }
         }
+    }
+    if let Some(c) = &state.cgroups {
+        header(
+            &mut out,
+            "tracerd_cgroup_folded_requests_total",
+            "counter",
+            "IOs counted under cgroup=\"other\", by reason: top (past config cgroups.top), excluded \
+             (cgroups.include/exclude), unnamed (the cgroup went before it was named).",
+        );
+        for (reason, n) in c.folded.reasons() {
+            let _ = writeln!(out, "tracerd_cgroup_folded_requests_total{{reason=\"{reason}\"}} {n}");
+        }
+        header(
+            &mut out,
+            "tracerd_cgroup_labels",
+            "gauge",
+            "Cgroup labels with series of their own (state=used), and the bound (state=limit, config \
+             cgroups.top).",
+        );
+        let _ = writeln!(out, "tracerd_cgroup_labels{{state=\"used\"}} {}", c.labels());
+        let _ = writeln!(out, "tracerd_cgroup_labels{{state=\"limit\"}} {}", c.limits.top);
+        header(
+            &mut out,
+            "tracerd_cgroup_series_ended_total",
+            "counter",
+            "Cgroup labels whose series ended: expired (no IO for cgroups.expire_after_s) or displaced \
+             (a busier cgroup took the place).",
+        );
+        let _ = writeln!(out, "tracerd_cgroup_series_ended_total{{reason=\"expired\"}} {}", c.expired);
+        let _ = writeln!(out, "tracerd_cgroup_series_ended_total{{reason=\"displaced\"}} {}", c.displaced);
     }
 
     header(
@@ -423,6 +521,42 @@ mod tests {
         assert!(
             text.contains("tracerd_io_stage_seconds_count{device=\"dm-0\",op=\"read\",stage=\"q2c\"} 1\n")
         );
+    }
+
+    #[test]
+    fn with_cgroups_the_stage_and_request_metrics_carry_the_label_and_add_up() {
+        use crate::kernel::cgroupfs::LabelForm;
+        use crate::model::cgroups::{CgroupLimits, CgroupSeries, Unnamed};
+        let mut state = sample_state();
+        let mut c = CgroupSeries::new(CgroupLimits { label: LabelForm::Path, top: 1, ..Default::default() });
+        let now = std::time::Instant::now();
+        for (d2c_us, label) in [(3u64, Ok("/a")), (30, Ok("/b")), (300, Err(Unnamed::Unknown))] {
+            let mut r = IoRecord { kind: kind::REQUEST, bytes: 4096, ..Default::default() };
+            (r.ts[event::D], r.ts[event::C]) = (1000, 1000 + d2c_us * 1000);
+            c.add(7, Op::Write, &r, label, now);
+        }
+        state.cgroups = Some(c);
+        let text = render(&state);
+        let a = "device=\"lo\\\"op\\\\0\",op=\"write\",cgroup=\"/a\"";
+        let other = "device=\"lo\\\"op\\\\0\",op=\"write\",cgroup=\"other\"";
+        for (le, n) in [("0.000002", 0), ("0.000005", 1), ("+Inf", 1)] {
+            let line = format!("tracerd_io_stage_seconds_bucket{{{a},stage=\"d2c\",le=\"{le}\"}} {n}\n");
+            assert!(text.contains(&line), "missing {line} in\n{text}");
+        }
+        for (le, n) in [("0.00002", 0), ("0.00005", 1), ("0.0005", 2), ("+Inf", 2)] {
+            let line = format!("tracerd_io_stage_seconds_bucket{{{other},stage=\"d2c\",le=\"{le}\"}} {n}\n");
+            assert!(text.contains(&line), "missing {line} in\n{text}");
+        }
+        assert!(text.contains(&format!("tracerd_io_stage_seconds_sum{{{other},stage=\"d2c\"}} 0.00033\n")));
+        assert!(text.contains(&format!("tracerd_io_requests_total{{{a}}} 1\n")));
+        assert!(text.contains(&format!("tracerd_io_requests_total{{{other}}} 2\n")));
+        assert!(
+            !text.contains("tracerd_io_requests_total{device=\"lo\\\"op\\\\0\",op=\"write\"}"),
+            "no unlabelled series"
+        );
+        assert!(text.contains("tracerd_cgroup_folded_requests_total{reason=\"top\"} 1\n"));
+        assert!(text.contains("tracerd_cgroup_folded_requests_total{reason=\"unnamed\"} 1\n"));
+        assert!(text.contains("tracerd_cgroup_labels{state=\"used\"} 1\n"));
     }
 
     #[test]

@@ -1,0 +1,432 @@
+//! The cgroups IOs are charged to, by name: the kernel programs give a cgroup id (a kernfs
+//! node id) and say whose it is (the bio's blkcg, or the submitting task's v2 cgroup); this
+//! finds the cgroup's path in the hierarchy the id belongs to.
+//!
+//! The io controller's hierarchy is v2 where the host mounts only v2, or v1 blkio where the
+//! host still mounts it (ids of two hierarchies are unrelated: each root is 1). A path is found
+//! by opening the id as a kernfs file handle (one call, as systemd and bpftool do), or, where
+//! that is refused (no CAP_DAC_READ_SEARCH), by walking the hierarchy's directories: a
+//! cgroup's inode number is its id.
+
+use std::{
+    collections::HashMap,
+    ffi::CString,
+    os::unix::{ffi::OsStrExt, fs::MetadataExt},
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use tracer_common::{IoRecord, flag};
+
+/// Where the cgroup hierarchies are mounted (from /proc/self/mountinfo).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Mounts {
+    /// The unified (v2) hierarchy.
+    pub v2: Option<PathBuf>,
+    /// The v1 hierarchy with the blkio controller, where the host mounts one.
+    pub blkio_v1: Option<PathBuf>,
+}
+
+/// Which hierarchy a cgroup id belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Hierarchy {
+    V2,
+    BlkioV1,
+}
+
+impl Mounts {
+    pub fn detect() -> Mounts {
+        std::fs::read_to_string("/proc/self/mountinfo").map(|m| Mounts::parse(&m)).unwrap_or_default()
+    }
+
+    /// Reads mountinfo lines: `id parent maj:min root mountpoint opts - fstype source superopts`.
+    pub fn parse(mountinfo: &str) -> Mounts {
+        let mut m = Mounts::default();
+        for line in mountinfo.lines() {
+            let Some((left, right)) = line.split_once(" - ") else { continue };
+            let fields: Vec<&str> = left.split(' ').collect();
+            let theirs: Vec<&str> = right.split(' ').collect();
+            let (Some(root), Some(point), Some(fstype)) = (fields.get(3), fields.get(4), theirs.first())
+            else {
+                continue;
+            };
+            // A bind mount of a subtree would give paths relative to it: only whole hierarchies.
+            if *root != "/" {
+                continue;
+            }
+            let point = PathBuf::from(unescape(point));
+            match *fstype {
+                "cgroup2" if m.v2.is_none() => m.v2 = Some(point),
+                "cgroup"
+                    if m.blkio_v1.is_none()
+                        && theirs.get(2).is_some_and(|o| o.split(',').any(|o| o == "blkio")) =>
+                {
+                    m.blkio_v1 = Some(point);
+                }
+                _ => {}
+            }
+        }
+        m
+    }
+
+    /// The hierarchy of a record's cgroup: the task's is always v2; a bio's blkcg lives where
+    /// the io controller is, v1 blkio where mounted.
+    pub fn hierarchy_of(&self, rec: &IoRecord) -> Hierarchy {
+        if rec.flags & flag::CGROUP_TASK == 0 && self.blkio_v1.is_some() {
+            Hierarchy::BlkioV1
+        } else {
+            Hierarchy::V2
+        }
+    }
+
+    pub fn root(&self, h: Hierarchy) -> Option<&Path> {
+        match h {
+            Hierarchy::V2 => self.v2.as_deref(),
+            Hierarchy::BlkioV1 => self.blkio_v1.as_deref(),
+        }
+    }
+}
+
+/// Mountinfo escapes space, tab, newline and backslash as octal.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A cgroup as the daemon names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Named {
+    /// Its path from the hierarchy's root ("/" for the root).
+    Path(Arc<str>),
+    /// The id is no cgroup of the hierarchy (any more): it went before it could be named.
+    Gone,
+    /// No hierarchy to look in (cgroups not mounted), or the id is unknown (0).
+    Unknown,
+}
+
+struct Cached {
+    named: Named,
+    used: Instant,
+}
+
+/// Cgroup ids to paths, cached; entries unused for a while are forgotten, so short-lived
+/// cgroups do not accumulate.
+pub struct CgroupNames {
+    pub mounts: Mounts,
+    cache: HashMap<(Hierarchy, u64), Cached>,
+    /// File handles were refused (no CAP_DAC_READ_SEARCH): walk instead.
+    walk_only: bool,
+    /// A walk's findings for ids not yet asked about (one walk names many).
+    walked: HashMap<(Hierarchy, u64), Arc<str>>,
+    last_walk: Option<Instant>,
+}
+
+/// At most one walk of a hierarchy per this long: an id still unknown after it is gone.
+const WALK_EVERY: Duration = Duration::from_millis(500);
+
+impl CgroupNames {
+    pub fn new(mounts: Mounts) -> CgroupNames {
+        CgroupNames {
+            mounts,
+            cache: HashMap::new(),
+            walk_only: false,
+            walked: HashMap::new(),
+            last_walk: None,
+        }
+    }
+
+    pub fn detect() -> CgroupNames {
+        CgroupNames::new(Mounts::detect())
+    }
+
+    /// The cgroup a record is charged to.
+    pub fn of(&mut self, rec: &IoRecord) -> Named {
+        let h = self.mounts.hierarchy_of(rec);
+        self.named(h, rec.cgroup)
+    }
+
+    pub fn named(&mut self, h: Hierarchy, id: u64) -> Named {
+        if id == 0 {
+            return Named::Unknown;
+        }
+        let now = Instant::now();
+        if let Some(c) = self.cache.get_mut(&(h, id)) {
+            c.used = now;
+            return c.named.clone();
+        }
+        let named = self.look_up(h, id);
+        self.cache.insert((h, id), Cached { named: named.clone(), used: now });
+        named
+    }
+
+    /// Forgets ids not asked about for `idle`; returns how many.
+    pub fn forget_idle(&mut self, idle: Duration) -> usize {
+        let before = self.cache.len();
+        let now = Instant::now();
+        self.cache.retain(|_, c| now.duration_since(c.used) < idle);
+        self.walked.clear();
+        before - self.cache.len()
+    }
+
+    pub fn cached(&self) -> usize {
+        self.cache.len()
+    }
+
+    fn look_up(&mut self, h: Hierarchy, id: u64) -> Named {
+        let Some(root) = self.mounts.root(h).map(Path::to_path_buf) else { return Named::Unknown };
+        if id == 1 {
+            return Named::Path("/".into());
+        }
+        if !self.walk_only {
+            match by_handle(&root, id) {
+                Ok(Some(path)) => return Named::Path(path),
+                Ok(None) => return Named::Gone,
+                Err(e) => {
+                    tracing::info!(
+                        "cgroup ids cannot be opened as file handles under {} ({e}): walking the \
+                         hierarchy to name them instead",
+                        root.display()
+                    );
+                    self.walk_only = true;
+                }
+            }
+        }
+        if let Some(p) = self.walked.remove(&(h, id)) {
+            return Named::Path(p);
+        }
+        if self.last_walk.is_some_and(|t| t.elapsed() < WALK_EVERY) {
+            return Named::Gone;
+        }
+        self.last_walk = Some(Instant::now());
+        let mut found = Vec::new();
+        walk(&root, &root, 0, &mut found);
+        for (ino, path) in found {
+            self.walked.insert((h, ino), path);
+        }
+        self.walked.remove(&(h, id)).map_or(Named::Gone, Named::Path)
+    }
+}
+
+/// The path of cgroup `id` under `root`, opening it by its kernfs file handle. Ok(None): no
+/// such cgroup (any more); Err: handles are refused here.
+fn by_handle(root: &Path, id: u64) -> std::io::Result<Option<Arc<str>>> {
+    // struct file_handle with an 8-byte handle: the kernfs node id (FILEID_KERNFS).
+    #[repr(C)]
+    struct Handle {
+        bytes: u32,
+        kind: i32,
+        id: u64,
+    }
+    const FILEID_KERNFS: i32 = 0xfe;
+    let croot = CString::new(root.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    // SAFETY: a NUL-terminated path; the fd is closed below.
+    let mount = unsafe { libc::open(croot.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+    if mount < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut handle = Handle { bytes: 8, kind: FILEID_KERNFS, id };
+    // SAFETY: `handle` is a file_handle header followed by its 8 bytes.
+    let fd = unsafe {
+        libc::open_by_handle_at(
+            mount,
+            (&raw mut handle).cast(),
+            libc::O_RDONLY | libc::O_CLOEXEC | libc::O_PATH,
+        )
+    };
+    let err = std::io::Error::last_os_error();
+    // SAFETY: our fd.
+    unsafe { libc::close(mount) };
+    if fd < 0 {
+        return match err.raw_os_error() {
+            Some(libc::ESTALE | libc::ENOENT) => Ok(None),
+            _ => Err(err),
+        };
+    }
+    let link = std::fs::read_link(format!("/proc/self/fd/{fd}"));
+    // SAFETY: our fd.
+    unsafe { libc::close(fd) };
+    let link = link?;
+    Ok(Some(relative(root, &link)))
+}
+
+/// `path` from `root` ("/" for the root itself), as a cgroup path reads.
+fn relative(root: &Path, path: &Path) -> Arc<str> {
+    match path.strip_prefix(root) {
+        Ok(rest) => format!("/{}", rest.display()).into(),
+        Err(_) => path.display().to_string().into(),
+    }
+}
+
+/// Collects (inode, path) of every cgroup under `dir`.
+fn walk(root: &Path, dir: &Path, depth: usize, found: &mut Vec<(u64, Arc<str>)>) {
+    // Kubernetes nests 5 deep; anything past 32 is a loop or an attack on our stack.
+    if depth > 32 {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let Ok(meta) = e.metadata() else { continue };
+        if meta.is_dir() {
+            found.push((meta.ino(), relative(root, &e.path())));
+            walk(root, &e.path(), depth + 1, found);
+        }
+    }
+}
+
+/// How the `cgroup` label names a cgroup (config `[cgroups] label`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LabelForm {
+    /// No cgroup label (the default: one series per device and op).
+    #[default]
+    None,
+    /// The cgroup's path ("/system.slice/nginx.service").
+    Path,
+    /// The systemd unit ("nginx.service"); the path where there is none.
+    Unit,
+    /// The Kubernetes pod UID and container id ("<uid>/<container>"); the path elsewhere.
+    Pod,
+}
+
+impl LabelForm {
+    pub fn parse(s: &str) -> Option<LabelForm> {
+        match s {
+            "none" => Some(LabelForm::None),
+            "path" => Some(LabelForm::Path),
+            "unit" => Some(LabelForm::Unit),
+            "pod" => Some(LabelForm::Pod),
+            _ => None,
+        }
+    }
+
+    /// The label of the cgroup at `path`.
+    pub fn label(self, path: &str) -> String {
+        match self {
+            LabelForm::None | LabelForm::Path => path.to_owned(),
+            LabelForm::Unit => unit(path).unwrap_or(path).to_owned(),
+            LabelForm::Pod => pod(path).unwrap_or_else(|| path.to_owned()),
+        }
+    }
+}
+
+const UNIT_SUFFIXES: [&str; 7] = [".service", ".scope", ".socket", ".mount", ".swap", ".device", ".target"];
+
+/// systemd's unit of a cgroup path: the first component below the slices that is a unit, or
+/// the innermost slice where only slices are.
+pub fn unit(path: &str) -> Option<&str> {
+    let mut last_slice = None;
+    for c in path.split('/').filter(|c| !c.is_empty()) {
+        if c.ends_with(".slice") {
+            last_slice = Some(c);
+        } else if UNIT_SUFFIXES.iter().any(|s| c.ends_with(s)) {
+            return Some(c);
+        } else {
+            break;
+        }
+    }
+    last_slice
+}
+
+/// The pod UID and container id of a kubelet cgroup path, either driver:
+/// `/kubepods/burstable/pod<uid>/<id>` (cgroupfs) or
+/// `/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid_>.slice/cri-containerd-<id>.scope`
+/// (systemd). The pod alone ("<uid>") for the pod's own cgroup.
+pub fn pod(path: &str) -> Option<String> {
+    let comps: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+    if !comps.first().is_some_and(|c| c.starts_with("kubepods")) {
+        return None;
+    }
+    let (i, uid) = comps.iter().enumerate().find_map(|(i, c)| {
+        let name = c.strip_suffix(".slice").unwrap_or(c);
+        let at = name.rfind("pod")?;
+        let uid = name[at + 3..].replace('_', "-");
+        (uid.len() == 36 && uid.chars().all(|ch| ch.is_ascii_hexdigit() || ch == '-')).then_some((i, uid))
+    })?;
+    match comps.get(i + 1) {
+        None => Some(uid),
+        Some(c) => {
+            let id = c.strip_suffix(".scope").unwrap_or(c);
+            let id = id.rsplit('-').next().unwrap_or(id);
+            Some(format!("{uid}/{id}"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_gives_v2_and_the_v1_blkio_hierarchy() {
+        let host = "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n\
+            35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n\
+            38 31 0:35 / /sys/fs/cgroup/blkio rw,relatime - cgroup cgroup rw,blkio\n\
+            41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n";
+        let m = Mounts::parse(host);
+        assert_eq!(m.v2.as_deref(), Some(Path::new("/sys/fs/cgroup/unified")));
+        assert_eq!(m.blkio_v1.as_deref(), Some(Path::new("/sys/fs/cgroup/blkio")));
+        let mut rec = IoRecord { cgroup: 5, ..Default::default() };
+        assert_eq!(m.hierarchy_of(&rec), Hierarchy::BlkioV1);
+        rec.flags |= flag::CGROUP_TASK;
+        assert_eq!(m.hierarchy_of(&rec), Hierarchy::V2, "a task's cgroup is always v2");
+
+        let v2_only = Mounts::parse("25 22 0:23 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n");
+        assert_eq!(v2_only.v2.as_deref(), Some(Path::new("/sys/fs/cgroup")));
+        assert_eq!(v2_only.hierarchy_of(&IoRecord::default()), Hierarchy::V2);
+        // A bind mount of a subtree is not a hierarchy's root; an escaped space is unescaped.
+        let odd = Mounts::parse(
+            "1 0 0:23 /sub /mnt/x rw - cgroup2 cgroup2 rw\n2 0 0:23 / /mnt/a\\040b rw - cgroup2 cgroup2 rw\n",
+        );
+        assert_eq!(odd.v2.as_deref(), Some(Path::new("/mnt/a b")));
+    }
+
+    #[test]
+    fn units_are_the_first_unit_below_the_slices() {
+        assert_eq!(unit("/system.slice/nginx.service"), Some("nginx.service"));
+        assert_eq!(unit("/system.slice/nginx.service/worker"), Some("nginx.service"));
+        assert_eq!(unit("/user.slice/user-1000.slice/session-3.scope"), Some("session-3.scope"));
+        assert_eq!(unit("/user.slice/user-1000.slice"), Some("user-1000.slice"));
+        assert_eq!(unit("/tracerd-a"), None);
+        assert_eq!(LabelForm::Unit.label("/tracerd-a"), "/tracerd-a", "no unit: the path");
+        assert_eq!(unit("/"), None);
+    }
+
+    #[test]
+    fn pods_come_from_either_kubelet_driver() {
+        let uid = "0a1b2c3d-4e5f-6789-abcd-ef0123456789";
+        let cid = "f".repeat(64);
+        assert_eq!(pod(&format!("/kubepods/burstable/pod{uid}/{cid}")), Some(format!("{uid}/{cid}")));
+        assert_eq!(pod(&format!("/kubepods/pod{uid}")), Some(uid.to_owned()));
+        let u = uid.replace('-', "_");
+        assert_eq!(
+            pod(&format!(
+                "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{u}.slice/cri-containerd-{cid}.scope"
+            )),
+            Some(format!("{uid}/{cid}"))
+        );
+        assert_eq!(pod(&format!("/kubepods.slice/kubepods-pod{u}.slice")), Some(uid.to_owned()));
+        assert_eq!(pod("/system.slice/kubelet.service"), None);
+        assert_eq!(LabelForm::Pod.label("/system.slice/kubelet.service"), "/system.slice/kubelet.service");
+        assert_eq!(pod("/kubepods/burstable/podnot-a-uid/x"), None);
+    }
+
+    #[test]
+    fn the_root_and_unknown_ids_need_no_lookup() {
+        let mut names = CgroupNames::new(Mounts { v2: Some("/nonexistent-cgroup".into()), blkio_v1: None });
+        assert_eq!(names.named(Hierarchy::V2, 1), Named::Path("/".into()));
+        assert_eq!(names.named(Hierarchy::V2, 0), Named::Unknown);
+        assert_eq!(names.named(Hierarchy::BlkioV1, 7), Named::Unknown, "no v1 blkio mounted");
+    }
+}
