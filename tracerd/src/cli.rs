@@ -72,7 +72,7 @@ pub enum Command {
     },
     /// Capture for a while, then print per-device, per-operation stage tables.
     #[command(
-        after_help = "Examples:\n  sudo tracerd report --duration 10\n  sudo tracerd report --since 10m          # the last 10 minutes, from the running agent\n  sudo tracerd report --from 2026-11-30T14:00:00Z --to 2026-11-30T14:05:00Z\n  sudo tracerd report --interval 1 --count 10   # a table a second, like iostat -x 1\n  sudo tracerd report --device nvme0n1 --by qd\n  sudo tracerd report --device nvme0n1 --hist d2c   # biolatency-style histogram of D2C\n  sudo tracerd report --duration 5 --json > capture.json\n  sudo tracerd report --device nvme0n1 --save before.json   # for tracerd diff"
+        after_help = "Examples:\n  sudo tracerd report --duration 10\n  sudo tracerd report --since 10m          # the last 10 minutes, from the running agent\n  sudo tracerd report --from 2026-11-30T14:00:00Z --to 2026-11-30T14:05:00Z\n  sudo tracerd report --interval 1 --count 10   # a table a second, like iostat -x 1\n  sudo tracerd report --device nvme0n1 --by qd\n  sudo tracerd report --duration 10 --by cgroup   # per service or pod\n  sudo tracerd report --device nvme0n1 --hist d2c   # biolatency-style histogram of D2C\n  sudo tracerd report --duration 5 --json > capture.json\n  sudo tracerd report --device nvme0n1 --save before.json   # for tracerd diff"
     )]
     Report {
         /// Capture length in seconds (SIGINT ends it early and still reports).
@@ -204,6 +204,8 @@ pub enum Command {
 pub enum By {
     /// Queue depth of the device when the request was issued.
     Qd,
+    /// The cgroup each IO is charged to (named as config cgroups.label says; path by default).
+    Cgroup,
 }
 
 /// When to colour text output (see `style`).

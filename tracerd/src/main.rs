@@ -84,7 +84,12 @@ async fn dispatch(command: Command, color: ColorWhen) -> Result<()> {
         } => {
             let (config, selection, opts) = settings(trace, None)?;
             let interval = interval.map(|secs| report::Interval { secs, count });
-            let view = report::View { json, by_qd: by == Some(By::Qd), hist, style, interval };
+            // Named as the agent's metrics name them, by path where they carry no cgroup label.
+            let by_cgroup = (by == Some(By::Cgroup)).then_some(match config.cgroups.label {
+                tracerd::kernel::cgroupfs::LabelForm::None => tracerd::kernel::cgroupfs::LabelForm::Path,
+                form => form,
+            });
+            let view = report::View { json, by_qd: by == Some(By::Qd), by_cgroup, hist, style, interval };
             let source = report::Source::from_args(since, from.as_deref(), to.as_deref(), standalone)?;
             let attach = report::Attach { source, socket: config.socket };
             report::report(duration, view, save.as_deref(), selection, opts, attach).await

@@ -15,7 +15,9 @@ use serde::Serialize;
 use crate::{
     commands::capture::{self, Capture},
     commands::histogram_view::{self, Log2Bucket},
+    kernel::cgroupfs::{CgroupNames, LabelForm, Named},
     kernel::hooks::HookStatus,
+    kernel::session::Io,
     kernel::session::{Session, shutdown_signal},
     kernel::tracer::{LoadOptions, kernel_release},
     model::aggregate::{Aggregator, Lost, OpStats, StageHist, Stages},
@@ -41,6 +43,8 @@ pub struct View {
     pub json: bool,
     /// Tables per queue depth at issue (`--by qd`).
     pub by_qd: bool,
+    /// Tables per cgroup, labelled in this form (`--by cgroup`).
+    pub by_cgroup: Option<LabelForm>,
     /// The stage to draw a log2 histogram of (`--hist`).
     pub hist: Option<Stage>,
     pub style: Style,
@@ -74,6 +78,18 @@ pub struct Report {
     /// From the agent: each device's slowest IOs of every minute of the window, whole.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub slowest: Vec<crate::model::slowest::SlowMinute>,
+    /// `--by cgroup`: the same tables per cgroup the IO was charged to.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub by_cgroup: Vec<CgroupReport>,
+}
+
+/// One cgroup's IO (`report --by cgroup`).
+#[derive(Debug, Serialize)]
+pub struct CgroupReport {
+    /// Its path ("/system.slice/nginx.service"), unit or pod, as config cgroups.label says;
+    /// "?" for IO of cgroups that went before they were named, "" where none was known.
+    pub cgroup: String,
+    pub devices: Vec<DeviceReport>,
 }
 
 #[derive(Debug, Serialize)]
@@ -279,7 +295,26 @@ impl Report {
             hist,
             from_agent: None,
             slowest: vec![],
+            by_cgroup: vec![],
         }
+    }
+
+    /// Adds the tables of each cgroup's aggregate (`--by cgroup`).
+    pub fn with_cgroups(
+        mut self,
+        cgroups: &BTreeMap<String, Aggregator>,
+        topo: &Topology,
+        hist: Option<Stage>,
+    ) -> Report {
+        let none = Lost::default();
+        self.by_cgroup = cgroups
+            .iter()
+            .map(|(cgroup, agg)| CgroupReport {
+                cgroup: cgroup.clone(),
+                devices: Report::build_with(agg, topo, &none, &[], "", self.duration_s, hist).devices,
+            })
+            .collect();
+        self
     }
 
     /// The tables without colour.
@@ -309,6 +344,15 @@ impl Report {
         for d in &self.devices {
             for op in &d.ops {
                 render_op(&mut out, &d.label, op, style);
+            }
+        }
+        for c in &self.by_cgroup {
+            let name = if c.cgroup.is_empty() { "(unknown)" } else { &c.cgroup };
+            let _ = writeln!(out, "\n{}", style.bold(&format!("cgroup {name}")));
+            for d in &c.devices {
+                for op in &d.ops {
+                    render_op(&mut out, &format!("{} in {name}", d.label), op, style);
+                }
             }
         }
         if let Some(stage) = self.hist {
@@ -752,17 +796,20 @@ pub async fn report(
             if view.by_qd {
                 anyhow::bail!("{BY_QD_NEEDS_RECORDS}");
             }
+            if view.by_cgroup.is_some() {
+                anyhow::bail!("{BY_CGROUP_NEEDS_RECORDS}");
+            }
             let w = window(socket, from_unix_s, to_unix_s)?;
             return show_window(w, view, save, &selection, socket);
         }
         Source::Auto => match api::call::<api::Status>(socket, &api::Request::Status {}, "status") {
-            Ok(status) if !view.by_qd => {
+            Ok(status) if !view.by_qd && view.by_cgroup.is_none() => {
                 return match view.interval {
                     Some(every) => intervals_from_agent(every, view, &selection, socket, status).await,
                     None => report_from_agent(duration, view, save, &selection, socket, status).await,
                 };
             }
-            Ok(_) => tracing::info!("--by qd needs records: tracing with tracerd's own programs"),
+            Ok(_) => tracing::info!("--by needs every IO's record: tracing with tracerd's own programs"),
             Err(api::AttachError::NoAgent(_)) => {}
             Err(e) => tracing::warn!("{e}; tracing with tracerd's own programs instead"),
         },
@@ -775,6 +822,7 @@ pub async fn report(
     let ops = session.tracer.ops;
     let base = session.lost()?;
     let mut agg = Aggregator::new(view.by_qd);
+    let mut by_cgroup = ByCgroup::new(view.by_cgroup);
     let progress = std::io::stderr().is_terminal();
     let started = Instant::now();
     let started_unix_s = capture::unix_now();
@@ -785,7 +833,10 @@ pub async fn report(
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
-            r = session.read(|io, topo| agg.add(io.target, ops.op(io.rec.cmd_flags), io.rec, io.layers, |d| topo.name_of(d))) => r?,
+            r = session.read(|io, topo| {
+                agg.add(io.target, ops.op(io.rec.cmd_flags), io.rec, io.layers, |d| topo.name_of(d));
+                by_cgroup.add(io, ops.op(io.rec.cmd_flags), topo);
+            }) => r?,
             _ = tick.tick() => {
                 session.refresh_devices()?;
                 if progress {
@@ -798,7 +849,8 @@ pub async fn report(
         }
     }
     session.drain_now(|io, topo| {
-        agg.add(io.target, ops.op(io.rec.cmd_flags), io.rec, io.layers, |d| topo.name_of(d))
+        agg.add(io.target, ops.op(io.rec.cmd_flags), io.rec, io.layers, |d| topo.name_of(d));
+        by_cgroup.add(io, ops.op(io.rec.cmd_flags), topo);
     });
     if progress {
         eprint!("\r\x1b[K");
@@ -809,7 +861,11 @@ pub async fn report(
     let topo = session.topo.clone();
     drop(session);
     let kernel = kernel_release();
-    let report = Report::build_with(&agg, &topo, &lost, &hooks, &kernel, elapsed, view.hist);
+    let report = Report::build_with(&agg, &topo, &lost, &hooks, &kernel, elapsed, view.hist).with_cgroups(
+        &by_cgroup.aggs,
+        &topo,
+        view.hist,
+    );
     report.print(view)?;
     if let Some(path) = save {
         let meta = capture::Meta { kernel, host: capture::hostname(), started_unix_s, duration_s: elapsed };
@@ -817,6 +873,32 @@ pub async fn report(
         tracing::info!("capture saved to {}", path.display());
     }
     Ok(())
+}
+
+const BY_CGROUP_NEEDS_RECORDS: &str = "--by cgroup needs every IO's record, and the agent's recorder keeps \
+     no per-cgroup tables: report the present with --duration SECS --by cgroup (tracerd traces with its own programs)";
+
+/// `--by cgroup`: an aggregate per cgroup label, beside the capture's own.
+struct ByCgroup {
+    form: Option<LabelForm>,
+    names: Option<CgroupNames>,
+    aggs: BTreeMap<String, Aggregator>,
+}
+
+impl ByCgroup {
+    fn new(form: Option<LabelForm>) -> ByCgroup {
+        ByCgroup { form, names: form.map(|_| CgroupNames::detect()), aggs: BTreeMap::new() }
+    }
+
+    fn add(&mut self, io: &Io, op: Op, topo: &Topology) {
+        let (Some(form), Some(names)) = (self.form, &mut self.names) else { return };
+        let label = match names.of(io.rec) {
+            Named::Path(p) => form.label(&p),
+            Named::Gone => "?".into(),
+            Named::Unknown => String::new(),
+        };
+        self.aggs.entry(label).or_default().add(io.target, op, io.rec, io.layers, |d| topo.name_of(d));
+    }
 }
 
 const BY_QD_NEEDS_RECORDS: &str = "--by qd needs every IO's record, and the agent's recorder keeps no \

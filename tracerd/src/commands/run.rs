@@ -117,9 +117,9 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
     let on_io = |io: &Io, topo: &Topology| {
         let op = ops.op(io.rec.cmd_flags);
         if shared.stream_count.load(Relaxed) > 0 {
-            stream(&shared, io, topo, &ops);
+            stream(&shared, io, topo, &ops, &cgroup_names);
         }
-        keep_if_slow(&shared, io, topo, &ops);
+        keep_if_slow(&shared, io, topo, &ops, &cgroup_names);
         if io.rec.flags & flag::IN_KERNEL != 0 {
             // Counted in the kernel already: here for the check, or for a stream.
             if aggregation == Aggregation::Check {
@@ -236,7 +236,13 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
 /// Keeps the IO whole if it is among its device's slowest of the minute. The agent's queue
 /// program does not copy the submitter's comm: it is read from /proc now ("?" if the task is
 /// gone).
-fn keep_if_slow(shared: &api::Shared, io: &Io, topo: &Topology, ops: &OpDecoder) {
+fn keep_if_slow(
+    shared: &api::Shared,
+    io: &Io,
+    topo: &Topology,
+    ops: &OpDecoder,
+    cgroups: &RefCell<CgroupNames>,
+) {
     use crate::model::stage::Stage;
     if io.rec.kind == kind::MERGE {
         return;
@@ -247,7 +253,9 @@ fn keep_if_slow(shared: &api::Shared, io: &Io, topo: &Topology, ops: &OpDecoder)
         return;
     }
     let device = topo.name_of(io.target);
-    let mut line = serde_json::to_value(snoop::line(&device, io, ops, topo)).unwrap_or_default();
+    let named = cgroups.borrow_mut().of(io.rec);
+    let line = snoop::line(&device, io, ops, topo, snoop::cgroup_text(&named));
+    let mut line = serde_json::to_value(line).unwrap_or_default();
     if line["comm"] == "" && io.rec.pid != 0 {
         let comm = std::fs::read_to_string(format!("/proc/{}/comm", io.rec.pid));
         line["comm"] = comm.map_or_else(|_| "?".to_owned(), |c| c.trim_end().to_owned()).into();
@@ -265,13 +273,15 @@ fn set_slow_bars(session: &mut Session, shared: &api::Shared) -> Result<()> {
 }
 
 /// Sends one IO to every stream whose filter it passes, as a `snoop --json` line.
-fn stream(shared: &api::Shared, io: &Io, topo: &Topology, ops: &OpDecoder) {
+fn stream(shared: &api::Shared, io: &Io, topo: &Topology, ops: &OpDecoder, cgroups: &RefCell<CgroupNames>) {
     let streams = shared.streams.lock().unwrap_or_else(|e| e.into_inner());
     let device = topo.name_of(io.target);
     let mut line: Option<String> = None;
     for s in streams.iter().filter(|s| s.filter.passes(&device, io.rec)) {
         let line = line.get_or_insert_with(|| {
-            let mut l = serde_json::to_string(&snoop::line(&device, io, ops, topo)).unwrap_or_default();
+            let named = cgroups.borrow_mut().of(io.rec);
+            let snooped = snoop::line(&device, io, ops, topo, snoop::cgroup_text(&named));
+            let mut l = serde_json::to_string(&snooped).unwrap_or_default();
             l.push('\n');
             l
         });

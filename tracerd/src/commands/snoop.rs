@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use tracer_common::{event, flag, kernel_ts, kind};
 
 use crate::{
+    kernel::cgroupfs::{CgroupNames, Named},
     kernel::record::comm,
     kernel::session::{Io, Session, shutdown_signal},
     kernel::tracer::LoadOptions,
@@ -32,6 +33,7 @@ struct Printer<W: Write> {
     style: Style,
     ops: OpDecoder,
     names: HashMap<u32, String>,
+    cgroups: CgroupNames,
     /// RWBS text per `cmd_flags` (a handful of distinct values).
     rwbs: HashMap<u32, String>,
     /// `--min-latency`, `--pid`, `--comm` (devices are chosen by what is traced).
@@ -45,8 +47,10 @@ impl<W: Write> Printer<W> {
         if !self.filter.passes(name, io.rec) {
             return;
         }
+        let named = self.cgroups.of(io.rec);
+        let cgroup = cgroup_text(&named);
         let r = if self.json {
-            let line = line(name, io, &self.ops, topo);
+            let line = line(name, io, &self.ops, topo, cgroup);
             serde_json::to_writer(&mut self.out, &line)
                 .map_err(std::io::Error::from)
                 .and_then(|_| writeln!(self.out))
@@ -55,7 +59,7 @@ impl<W: Write> Printer<W> {
             // no allocation per IO (snoop's own CPU per IO is its cost to the host).
             let ops = &self.ops;
             let rwbs = self.rwbs.entry(io.rec.cmd_flags).or_insert_with(|| ops.rwbs(io.rec.cmd_flags));
-            write_text(&mut self.out, &TextLine::of(name, rwbs, io, ops), self.style)
+            write_text(&mut self.out, &TextLine::of(name, rwbs, io, ops, cgroup), self.style)
         };
         if let Err(e) = r {
             self.error.get_or_insert(e);
@@ -83,6 +87,12 @@ pub struct SnoopLine<'a> {
     pub queue_depth: u32,
     pub pid: u32,
     pub comm: &'a str,
+    /// The cgroup the IO is charged to: its path in its hierarchy ("?": it went before it
+    /// was named; "": unknown), its id, and whose it is ("blkcg": the bio's own association;
+    /// "task": the submitting task's v2 cgroup).
+    pub cgroup: &'a str,
+    pub cgroup_id: u64,
+    pub cgroup_from: &'static str,
     pub path: String,
     pub requeued: bool,
     pub split: bool,
@@ -118,7 +128,22 @@ pub struct LayerLine {
     pub completion_ns: u64,
 }
 
-pub fn line<'a>(device: &'a str, io: &Io<'a>, ops: &OpDecoder, topo: &Topology) -> SnoopLine<'a> {
+/// How snoop shows a named cgroup.
+pub fn cgroup_text(named: &Named) -> &str {
+    match named {
+        Named::Path(p) => p,
+        Named::Gone => "?",
+        Named::Unknown => "",
+    }
+}
+
+pub fn line<'a>(
+    device: &'a str,
+    io: &Io<'a>,
+    ops: &OpDecoder,
+    topo: &Topology,
+    cgroup: &'a str,
+) -> SnoopLine<'a> {
     let rec = io.rec;
     let mut stages_ns = BTreeMap::new();
     Stage::each_of(rec, |s, ns| {
@@ -156,6 +181,9 @@ pub fn line<'a>(device: &'a str, io: &Io<'a>, ops: &OpDecoder, topo: &Topology) 
         queue_depth: rec.queue_depth,
         pid: rec.pid,
         comm: comm(rec),
+        cgroup,
+        cgroup_id: rec.cgroup,
+        cgroup_from: if rec.flags & flag::CGROUP_TASK != 0 { "task" } else { "blkcg" },
         path: path(rec),
         requeued: rec.flags & flag::REQUEUED != 0,
         split: rec.flags & flag::SPLIT != 0,
@@ -199,6 +227,7 @@ pub struct TextLine<'a> {
     pub path: ([u8; 6], usize),
     pub stages: [Option<u64>; COLUMNS.len()],
     pub error: u32,
+    pub cgroup: &'a str,
 }
 
 impl<'a> TextLine<'a> {
@@ -223,10 +252,11 @@ impl<'a> TextLine<'a> {
             path,
             stages,
             error: v["error"].as_u64()? as u32,
+            cgroup: v["cgroup"].as_str().unwrap_or(""),
         })
     }
 
-    pub fn of(device: &'a str, rwbs: &'a str, io: &Io<'a>, ops: &OpDecoder) -> TextLine<'a> {
+    pub fn of(device: &'a str, rwbs: &'a str, io: &Io<'a>, ops: &OpDecoder, cgroup: &'a str) -> TextLine<'a> {
         let rec = io.rec;
         let mut stages = [None; COLUMNS.len()];
         Stage::each_of(rec, |s, ns| {
@@ -246,6 +276,7 @@ impl<'a> TextLine<'a> {
             path: path_letters(rec),
             stages,
             error: rec.error,
+            cgroup,
         }
     }
 
@@ -263,6 +294,8 @@ pub fn write_header(out: &mut dyn Write, style: Style) -> std::io::Result<()> {
     for s in COLUMNS {
         h.push_str(&format!(" {:>8}", s.as_str().to_uppercase()));
     }
+    // Last: a cgroup path has no useful width.
+    h.push_str(" CGROUP");
     writeln!(out, "{}", style.bold(&h))
 }
 
@@ -306,6 +339,8 @@ fn write_columns(out: &mut String, l: &TextLine) {
         };
         pad(out, text, 8, Align::Right);
     }
+    out.push(' ');
+    out.push_str(if l.cgroup.is_empty() { "-" } else { l.cgroup });
 }
 
 enum Align {
@@ -356,6 +391,7 @@ pub async fn snoop(
         style,
         ops: session.tracer.ops,
         names: HashMap::new(),
+        cgroups: CgroupNames::detect(),
         rwbs: HashMap::new(),
         filter,
         error: None,
@@ -493,6 +529,7 @@ mod tests {
             path: (*b"QGDC\0\0", 4),
             stages,
             error,
+            cgroup: "/system.slice/a.service",
         };
         let mut out = Vec::new();
         write_text(&mut out, &l, style).unwrap();
@@ -503,7 +540,8 @@ mod tests {
     fn failed_ios_are_red_only_where_colour_is_on() {
         let ok = text(0, Style::PLAIN);
         assert!(
-            ok.starts_with("loop0        iogen") && ok.ends_with("   12.3µs        -        -\n"),
+            ok.starts_with("loop0        iogen")
+                && ok.ends_with("   12.3µs        -        - /system.slice/a.service\n"),
             "{ok:?}"
         );
         assert_eq!(text(0, Style::COLOR), ok, "a good IO is never coloured");
@@ -512,6 +550,7 @@ mod tests {
         assert_eq!(failed, format!("\x1b[31m{}\x1b[39m\n", ok.trim_end_matches('\n')));
         let mut header = Vec::new();
         write_header(&mut header, Style::PLAIN).unwrap();
-        assert!(String::from_utf8(header).unwrap().starts_with("DEVICE       COMM"));
+        let header = String::from_utf8(header).unwrap();
+        assert!(header.starts_with("DEVICE       COMM") && header.ends_with(" CGROUP\n"), "{header:?}");
     }
 }
