@@ -2,6 +2,8 @@
 //! process's own resource use.
 
 pub mod api;
+pub mod exemplars;
+pub mod exposition;
 pub mod http;
 pub mod metrics;
 pub mod process;

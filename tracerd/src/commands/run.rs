@@ -14,7 +14,7 @@ use crate::{
     commands::capture::hostname,
     commands::snoop,
     config::Config,
-    kernel::cgroupfs::CgroupNames,
+    kernel::cgroupfs::{CgroupNames, Named},
     kernel::session::{Io, Session, shutdown_signal},
     kernel::tracer::{Aggregation, LoadOptions, kernel_release},
     model::aggregate::{Aggregator, Lost, count_like_the_kernel},
@@ -120,26 +120,45 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
             stream(&shared, io, topo, &ops, &cgroup_names);
         }
         keep_if_slow(&shared, io, topo, &ops, &cgroup_names);
+        let named = cgroup_names.borrow_mut().of(io.rec);
+        let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+        // The series the IO was counted in (its cgroup label, where series carry one).
+        let mut label = None;
         if io.rec.flags & flag::IN_KERNEL != 0 {
-            // Counted in the kernel already: here for the check, or for a stream.
+            // Counted in the kernel already: here for the check, or for a stream (and as a
+            // slow IO, for the exemplars).
             if aggregation == Aggregation::Check {
                 check.borrow_mut().count_record(io.target, op, io.rec);
             }
-            return;
+        } else {
+            frame.borrow_mut().add_record(io.target, op, io.rec, io.layers);
+            st.agg.add(io.target, op, io.rec, io.layers, |d| topo.name_of(d));
+            if let Some(c) = &mut st.cgroups {
+                let l = c.limits.label_of(&named);
+                label = Some(c.add(
+                    io.target,
+                    op,
+                    io.rec,
+                    l.as_deref().map_err(|e| *e),
+                    std::time::Instant::now(),
+                ));
+            }
+            if aggregation != Aggregation::Records
+                && io.rec.kind == kind::REQUEST
+                && io.rec.parent == 0
+                && matches!(op, Op::Read | Op::Write)
+            {
+                wants_series.borrow_mut().insert(io.target);
+            }
         }
-        frame.borrow_mut().add_record(io.target, op, io.rec, io.layers);
-        let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
-        st.agg.add(io.target, op, io.rec, io.layers, |d| topo.name_of(d));
-        if let Some(c) = &mut st.cgroups {
-            let label = c.limits.label_of(&cgroup_names.borrow_mut().of(io.rec));
-            c.add(io.target, op, io.rec, label.as_deref().map_err(|e| *e), std::time::Instant::now());
-        }
-        if aggregation != Aggregation::Records
-            && io.rec.kind == kind::REQUEST
-            && io.rec.parent == 0
-            && matches!(op, Op::Read | Op::Write)
-        {
-            wants_series.borrow_mut().insert(io.target);
+        if aggregation != Aggregation::Check {
+            let cgroup: Arc<str> = match (&named, &st.cgroups) {
+                (Named::Path(p), Some(c)) => c.limits.label.label(p).into(),
+                (Named::Path(p), None) => p.clone(),
+                (other, _) => snoop::cgroup_text(other).into(),
+            };
+            let comm = exemplar_comm(io.rec);
+            st.exemplars.offer((io.target, op, label), io.rec, comm, cgroup, unix_ms() as f64 / 1e3);
         }
     };
     let mut tick = tokio::time::interval(HOUSEKEEPING);
@@ -178,9 +197,18 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
                 st.agg.lost = Lost { series_limit: st.agg.over_limit, ..lost };
                 let topo = &session.topo;
                 st.agg.expire(|dev| topo.get(dev).is_some(), std::time::Instant::now());
+                let st = &mut *st;
+                let (agg, cgroups) = (&st.agg, &st.cgroups);
+                st.exemplars.retain(|(dev, op, label)| match (label, cgroups) {
+                    (Some(l), Some(c)) => c.series.contains_key(&(*dev, *op, l.clone())),
+                    (None, _) => agg.series.contains_key(&(*dev, *op)),
+                    (Some(_), None) => false,
+                });
                 if let Some(c) = &mut st.cgroups {
                     c.tick(std::time::Instant::now());
-                    cgroup_names.borrow_mut().forget_idle(c.limits.expire_after);
+                    let mut names = cgroup_names.borrow_mut();
+                    names.forget_idle(c.limits.expire_after);
+                    c.names_cached = names.cached();
                 }
                 st.records = session.records;
                 st.programs = programs;
@@ -231,6 +259,20 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
     tracing::info!("shutting down: detaching every program");
     drop(session);
     Ok(())
+}
+
+/// The submitter's name for an exemplar: the record's, or for a slow IO of the in-kernel
+/// aggregation (whose queue program reads no comm) the task's now, if it is still there.
+fn exemplar_comm(rec: &tracer_common::IoRecord) -> Option<Arc<str>> {
+    let comm = crate::kernel::record::comm(rec);
+    if !comm.is_empty() {
+        return Some(comm.into());
+    }
+    if rec.flags & flag::IN_KERNEL == 0 || rec.pid == 0 {
+        return None;
+    }
+    let c = std::fs::read_to_string(format!("/proc/{}/comm", rec.pid)).ok()?;
+    Some(c.trim_end().into())
 }
 
 /// Keeps the IO whole if it is among its device's slowest of the minute. The agent's queue

@@ -135,6 +135,8 @@ pub struct CgroupSeries {
     /// Labels that lost their series (expired, or displaced by a busier one).
     pub expired: u64,
     pub displaced: u64,
+    /// Cgroup ids the agent holds names of (kept by the caller: it names them).
+    pub names_cached: usize,
     period_start: Instant,
     other: Arc<str>,
 }
@@ -156,6 +158,7 @@ impl CgroupSeries {
             folded: Folded::default(),
             expired: 0,
             displaced: 0,
+            names_cached: 0,
             period_start: Instant::now(),
             other: OTHER.into(),
         }
@@ -166,8 +169,16 @@ impl CgroupSeries {
         self.admitted.len()
     }
 
-    /// Adds one record of device `dev`, charged to `label` (Err: why it has none).
-    pub fn add(&mut self, dev: u32, op: Op, rec: &IoRecord, label: Result<&str, Unnamed>, now: Instant) {
+    /// Adds one record of device `dev`, charged to `label` (Err: why it has none); returns
+    /// the label it was counted under.
+    pub fn add(
+        &mut self,
+        dev: u32,
+        op: Op,
+        rec: &IoRecord,
+        label: Result<&str, Unnamed>,
+        now: Instant,
+    ) -> Arc<str> {
         let to = match label {
             Err(Unnamed::Excluded) => {
                 self.folded.excluded += 1;
@@ -179,7 +190,8 @@ impl CgroupSeries {
             }
             Ok(l) => self.admit(l, now),
         };
-        self.series.entry((dev, op, to)).or_default().add_record(rec, &[]);
+        self.series.entry((dev, op, to.clone())).or_default().add_record(rec, &[]);
+        to
     }
 
     /// The series label for `label`: itself if it has (or now gets) one, else `other`.

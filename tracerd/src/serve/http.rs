@@ -26,6 +26,7 @@ use tokio_rustls::{
 
 use crate::{
     config::HttpSecurity,
+    serve::exposition::Format,
     serve::metrics::{self, State},
 };
 
@@ -223,12 +224,12 @@ async fn handle(
     let request = api.as_ref().and(api_request(&head));
     let get = head.starts_with(b"GET ") || head.starts_with(b"HEAD ");
     let (status, content_type, body) = if !authorized(&head, security) {
-        ("401 Unauthorized", "text/plain; charset=utf-8", "authentication required\n".into())
+        ("401 Unauthorized", "text/plain; charset=utf-8", b"authentication required\n".to_vec())
     } else if let (Some(api), Some(request), true) = (api, request, get) {
         // A long window takes a while to add up: off the thread that reads the ring buffer.
         let answer = tokio::task::spawn_blocking(move || api.answer(request.as_bytes())).await?;
         let failed = answer.starts_with("{\"error\"");
-        (if failed { "400 Bad Request" } else { "200 OK" }, "application/json", answer + "\n")
+        (if failed { "400 Bad Request" } else { "200 OK" }, "application/json", (answer + "\n").into_bytes())
     } else {
         route(&head, state)
     };
@@ -242,7 +243,7 @@ async fn handle(
     tokio::time::timeout(READ_TIMEOUT, async {
         stream.write_all(header.as_bytes()).await?;
         if !head_only {
-            stream.write_all(body.as_bytes()).await?;
+            stream.write_all(&body).await?;
         }
         stream.shutdown().await
     })
@@ -267,7 +268,15 @@ fn authorized(head: &[u8], security: &Security) -> bool {
     })
 }
 
-fn route(head: &[u8], state: &Mutex<State>) -> (&'static str, &'static str, String) {
+/// The value of header `name` in a request head.
+fn header_value(head: &[u8], name: &str) -> Option<String> {
+    String::from_utf8_lossy(head).lines().skip(1).find_map(|l| {
+        let (n, v) = l.split_once(':')?;
+        n.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+    })
+}
+
+fn route(head: &[u8], state: &Mutex<State>) -> (&'static str, &'static str, Vec<u8>) {
     const TEXT: &str = "text/plain; charset=utf-8";
     if head.is_empty() {
         return ("431 Request Header Fields Too Large", TEXT, "request head too large\n".into());
@@ -281,8 +290,12 @@ fn route(head: &[u8], state: &Mutex<State>) -> (&'static str, &'static str, Stri
     }
     match target.split('?').next().unwrap_or("") {
         "/metrics" => {
-            let body = metrics::render(&state.lock().unwrap_or_else(|e| e.into_inner()));
-            ("200 OK", "text/plain; version=0.0.4; charset=utf-8", body)
+            // Text by default; OpenMetrics (exemplars) or protobuf (native histograms) when the
+            // scraper asks.
+            let format = Format::negotiate(header_value(head, "accept").as_deref());
+            let (content_type, body) =
+                metrics::render_as(&state.lock().unwrap_or_else(|e| e.into_inner()), format);
+            ("200 OK", content_type, body)
         }
         "/healthz" => ("200 OK", TEXT, "ok\n".into()),
         "/" => ("200 OK", TEXT, "tracerd: metrics at /metrics, health at /healthz\n".into()),
@@ -298,7 +311,15 @@ mod tests {
     fn routes() {
         let state = Mutex::new(State::default());
         assert_eq!(route(b"GET /metrics HTTP/1.1\r\n\r\n", &state).0, "200 OK");
-        assert!(route(b"GET /metrics HTTP/1.1\r\n\r\n", &state).2.contains("tracerd_events_lost_total"));
+        let text = |head: &[u8]| String::from_utf8_lossy(&route(head, &state).2).into_owned();
+        assert!(text(b"GET /metrics HTTP/1.1\r\n\r\n").contains("tracerd_events_lost_total"));
+        // Content negotiation: OpenMetrics ends with # EOF, protobuf is binary.
+        let om = b"GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text;version=1.0.0,text/plain;q=0.5\r\n\r\n";
+        assert_eq!(route(om, &state).1, "application/openmetrics-text; version=1.0.0; charset=utf-8");
+        assert!(text(om).ends_with("# EOF\n") && text(om).contains("# TYPE tracerd_events_lost counter"));
+        let pb = b"GET /metrics HTTP/1.1\r\naccept: application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited\r\n\r\n";
+        assert!(route(pb, &state).1.starts_with("application/vnd.google.protobuf"));
+        assert!(!text(b"GET /metrics HTTP/1.1\r\n\r\n").contains("# EOF"), "text stays the default");
         assert_eq!(route(b"GET /healthz HTTP/1.0\r\n\r\n", &state).0, "200 OK");
         assert_eq!(route(b"GET /etc/passwd HTTP/1.1\r\n\r\n", &state).0, "404 Not Found");
         assert_eq!(route(b"POST /metrics HTTP/1.1\r\n\r\n", &state).0, "405 Method Not Allowed");

@@ -1,18 +1,22 @@
-//! Prometheus text exposition of the aggregated state. Histograms live in HdrHistogram and are
-//! folded into fixed, log-spaced buckets at scrape time, so each IO is recorded once.
+//! The aggregated state as metric families (`exposition` writes them in the scrape's format).
+//! Histograms live in HdrHistogram (or the kernel's buckets) and are folded into fixed,
+//! log-spaced buckets at scrape time, so each IO is recorded once.
 
-use std::fmt::Write;
+use std::sync::Arc;
 
 use tracer_common::agg;
 
 use crate::{
     kernel::hooks::HookStatus,
     kernel::tracer::ProgramTotals,
-    model::aggregate::{Aggregator, QueueDepths, StageHist},
+    model::aggregate::{Aggregator, HIGHEST_NS, QD_BUCKETS, QueueDepths, StageHist, bucket_middle},
     model::cgroups::CgroupSeries,
     model::layers::Phase,
+    model::op::Op,
     model::recorder::{Buckets, SeriesFrame},
     model::stage::Stage,
+    serve::exemplars::Exemplars,
+    serve::exposition::{Family, Format, Hist, Kind, Labels, Native, Sample, Value, protobuf, text},
     serve::process::ProcessStats,
 };
 
@@ -47,6 +51,8 @@ pub struct State {
     /// Per-cgroup series (config `[cgroups] label`): then the stage and request metrics carry
     /// a `cgroup` label, and a device's series add up over it.
     pub cgroups: Option<CgroupSeries>,
+    /// Recent IOs per stage bucket, for OpenMetrics and protobuf scrapes.
+    pub exemplars: Exemplars,
 }
 
 /// The flight recorder, as /metrics shows it.
@@ -60,149 +66,204 @@ pub struct RecorderGauges {
     pub dropped_for_memory: u64,
 }
 
-/// Escapes a label value (backslash, double quote, newline).
-pub fn escape(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for c in value.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    out
+pub use crate::serve::exposition::escape;
+
+/// A histogram family under construction.
+fn family(name: &'static str, kind: Kind, help: &'static str) -> Family {
+    Family { name, help, kind, samples: Vec::new() }
 }
 
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+fn labels<const N: usize>(pairs: [(&'static str, &str); N]) -> Labels {
+    pairs.into_iter().map(|(k, v)| (k, v.to_owned())).collect()
 }
 
-/// One histogram series: buckets folded from the HdrHistogram, then sum and count.
-fn histogram(out: &mut String, name: &str, labels: &str, h: &StageHist) {
+fn number(f: &mut Family, labels: Labels, v: f64) {
+    f.samples.push(Sample { labels, value: Value::Number(v) });
+}
+
+/// A daemon histogram: its HdrHistogram folded into the classic buckets, and with `native`,
+/// its recorded values into exponential ones.
+fn stage_hist(h: &StageHist, native: bool) -> Hist {
     let mut per_bucket = [0u64; BUCKETS_S.len()];
-    let mut overflow = 0;
     for v in h.hist.iter_recorded() {
         let secs = v.value_iterated_to() as f64 / 1e9;
-        match BUCKETS_S.iter().position(|&le| secs <= le) {
-            Some(i) => per_bucket[i] += v.count_at_value(),
-            None => overflow += v.count_at_value(),
+        if let Some(i) = BUCKETS_S.iter().position(|&le| secs <= le) {
+            per_bucket[i] += v.count_at_value();
         }
     }
-    let mut cumulative = 0;
-    for (le, n) in BUCKETS_S.iter().zip(per_bucket) {
-        cumulative += n;
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+    let native = native.then(|| {
+        Native::from_values(
+            h.hist.iter_recorded().map(|v| (v.value_iterated_to() as f64 / 1e9, v.count_at_value())),
+        )
+    });
+    Hist {
+        buckets: cumulative(per_bucket),
+        count: h.count(),
+        sum: h.sum_ns as f64 / 1e9,
+        exemplars: vec![],
+        native,
     }
-    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", cumulative + overflow);
-    let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum_ns as f64 / 1e9);
-    let _ = writeln!(out, "{name}_count{{{labels}}} {}", h.count());
 }
 
-/// One histogram series from the kernel's buckets: each Prometheus bound is one of theirs,
-/// so the cumulative counts are exact.
-fn buckets_histogram(out: &mut String, name: &str, labels: &str, b: &Buckets) {
-    let mut cumulative = 0;
-    let mut k = 0;
-    for le in BUCKETS_S {
-        let le_ns = (le * 1e9).round() as u64;
-        while k < agg::BOUNDS_NS.len() && agg::BOUNDS_NS[k] <= le_ns {
-            cumulative += b.counts[k];
-            k += 1;
+/// A histogram in the kernel's buckets: each classic bound is one of theirs, so the classic
+/// counts are exact; natively each bucket's IOs sit at its middle.
+fn buckets_hist(b: &Buckets, native: bool) -> Hist {
+    let mut per_bucket = [0u64; BUCKETS_S.len()];
+    for (k, &n) in b.counts.iter().enumerate().filter(|(_, n)| **n != 0) {
+        let ns = agg::BOUNDS_NS.get(k).copied().unwrap_or(u64::MAX);
+        if let Some(i) = BUCKETS_S.iter().position(|&le| ns <= (le * 1e9).round() as u64) {
+            per_bucket[i] += n;
         }
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
     }
-    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", b.count());
-    let _ = writeln!(out, "{name}_sum{{{labels}}} {}", b.sum_ns as f64 / 1e9);
-    let _ = writeln!(out, "{name}_count{{{labels}}} {}", b.count());
+    let native = native.then(|| {
+        Native::from_values(
+            b.counts.iter().enumerate().map(|(k, &n)| (bucket_middle(k).min(HIGHEST_NS) as f64 / 1e9, n)),
+        )
+    });
+    Hist {
+        buckets: cumulative(per_bucket),
+        count: b.count(),
+        sum: b.sum_ns as f64 / 1e9,
+        exemplars: vec![],
+        native,
+    }
 }
 
+fn cumulative(per_bucket: [u64; BUCKETS_S.len()]) -> Vec<(f64, u64)> {
+    let mut total = 0;
+    BUCKETS_S
+        .iter()
+        .zip(per_bucket)
+        .map(|(&le, n)| {
+            total += n;
+            (le, total)
+        })
+        .collect()
+}
+
+fn histogram(f: &mut Family, labels: Labels, h: Hist) {
+    f.samples.push(Sample { labels, value: Value::Histogram(Box::new(h)) });
+}
+
+/// `/metrics` in the format a scrape asked for: (content type, body).
+pub fn render_as(state: &State, format: Format) -> (&'static str, Vec<u8>) {
+    let families = families(state, format);
+    let body = match format {
+        Format::Text => text(&families, false).into_bytes(),
+        Format::OpenMetrics => text(&families, true).into_bytes(),
+        Format::Protobuf => protobuf(&families),
+    };
+    (format.content_type(), body)
+}
+
+/// The classic text exposition.
 pub fn render(state: &State) -> String {
-    let mut out = String::with_capacity(64 * 1024);
-    let series = state.agg.sorted();
-    let cgroups = state.cgroups.as_ref().map(|c| c.sorted(|d| state.agg.name(d)));
+    text(&families(state, Format::Text), false)
+}
 
-    header(
-        &mut out,
+/// Every metric family; exemplars only where the format carries them, native buckets only for
+/// protobuf.
+pub fn families(state: &State, format: Format) -> Vec<Family> {
+    let native = format == Format::Protobuf;
+    let with_exemplars = format != Format::Text;
+    let mut out = Vec::with_capacity(32);
+    let series = state.agg.sorted();
+    let name = |d: u32| state.agg.name(d);
+
+    let mut f = family(
         "tracerd_io_stage_seconds",
-        "histogram",
+        Kind::Histogram,
         "Time IOs spent in each block-layer stage (blktrace intervals).",
     );
-    match &cgroups {
+    match &state.cgroups {
         None => {
-            for (device, op, stats) in &series {
+            let mut keys: Vec<(&str, u32, Op)> =
+                state.agg.series.keys().map(|&(d, op)| (name(d), d, op)).collect();
+            keys.sort();
+            for (device, dev, op) in keys {
+                let stats = &state.agg.series[&(dev, op)];
                 for stage in Stage::ALL {
                     let Some(h) = stats.stage(stage) else { continue };
-                    let labels = format!(
-                        "device=\"{}\",op=\"{}\",stage=\"{}\"",
-                        escape(device),
-                        op.as_str(),
-                        stage.as_str()
+                    let mut hist = stage_hist(h, native);
+                    if with_exemplars {
+                        hist.exemplars = state.exemplars.of(&(dev, op, None), stage, device);
+                    }
+                    histogram(
+                        &mut f,
+                        labels([("device", device), ("op", op.as_str()), ("stage", stage.as_str())]),
+                        hist,
                     );
-                    histogram(&mut out, "tracerd_io_stage_seconds", &labels, h);
                 }
             }
         }
         Some(cgroups) => {
-            for (device, op, cgroup, s) in cgroups {
+            let mut keys: Vec<(&str, u32, Op, &Arc<str>)> =
+                cgroups.series.keys().map(|(d, op, l)| (name(*d), *d, *op, l)).collect();
+            keys.sort();
+            for (device, dev, op, label) in keys {
+                let s = &cgroups.series[&(dev, op, label.clone())];
                 for stage in Stage::ALL {
                     let Some(b) = &s.stages[stage.index()] else { continue };
-                    let labels = format!(
-                        "device=\"{}\",op=\"{}\",cgroup=\"{}\",stage=\"{}\"",
-                        escape(device),
-                        op.as_str(),
-                        escape(cgroup),
-                        stage.as_str()
+                    let mut hist = buckets_hist(b, native);
+                    if with_exemplars {
+                        hist.exemplars = state.exemplars.of(&(dev, op, Some(label.clone())), stage, device);
+                    }
+                    histogram(
+                        &mut f,
+                        labels([
+                            ("device", device),
+                            ("op", op.as_str()),
+                            ("cgroup", label),
+                            ("stage", stage.as_str()),
+                        ]),
+                        hist,
                     );
-                    buckets_histogram(&mut out, "tracerd_io_stage_seconds", &labels, b);
                 }
             }
         }
     }
+    out.push(f);
 
-    header(
-        &mut out,
+    let mut f = family(
         "tracerd_io_layer_seconds",
-        "histogram",
+        Kind::Histogram,
         "Stacked devices (md, dm): each IO's Q2C split against a lower device into phase=layer \
          (before the first lower IO), lower (in the lower device) and completion (after the last).",
     );
     for (device, op, stats) in &series {
         for (lower, layer) in &stats.layers {
             for (phase, h) in Phase::ALL.iter().zip(&layer.phases) {
-                let labels = format!(
-                    "device=\"{}\",lower=\"{}\",op=\"{}\",phase=\"{}\"",
-                    escape(device),
-                    escape(state.agg.name(*lower)),
-                    op.as_str(),
-                    phase.as_str()
-                );
-                histogram(&mut out, "tracerd_io_layer_seconds", &labels, h);
+                let l = labels([
+                    ("device", device),
+                    ("lower", name(*lower)),
+                    ("op", op.as_str()),
+                    ("phase", phase.as_str()),
+                ]);
+                histogram(&mut f, l, stage_hist(h, native));
             }
         }
     }
+    out.push(f);
 
-    header(
-        &mut out,
+    let mut f = family(
         "tracerd_io_submit_seconds",
-        "histogram",
+        Kind::Histogram,
         "Stacked devices: time inside the driver's submit function (md_submit_bio, dm_submit_bio) \
          and the md personality's make_request.",
     );
     for (device, op, stats) in &series {
         for (function, h) in [("submit_bio", &stats.submit), ("personality", &stats.personality)] {
             if let Some(h) = h {
-                let labels =
-                    format!("device=\"{}\",op=\"{}\",function=\"{function}\"", escape(device), op.as_str());
-                histogram(&mut out, "tracerd_io_submit_seconds", &labels, h);
+                let l = labels([("device", device), ("op", op.as_str()), ("function", function)]);
+                histogram(&mut f, l, stage_hist(h, native));
             }
         }
     }
+    out.push(f);
 
-    header(
-        &mut out,
+    let mut f = family(
         "tracerd_io_queue_depth",
-        "histogram",
+        Kind::Histogram,
         "Requests in flight on the disk when each request was issued (this one included).",
     );
     for (device, op, stats) in &series {
@@ -210,16 +271,17 @@ pub fn render(state: &State) -> String {
         if q.count == 0 {
             continue;
         }
-        let labels = format!("device=\"{}\",op=\"{}\"", escape(device), op.as_str());
-        let mut cumulative = 0;
-        for (k, n) in q.buckets.iter().enumerate() {
-            cumulative += n;
-            let le = QueueDepths::le(k).map_or("+Inf".to_string(), |le| le.to_string());
-            let _ = writeln!(out, "tracerd_io_queue_depth_bucket{{{labels},le=\"{le}\"}} {cumulative}");
-        }
-        let _ = writeln!(out, "tracerd_io_queue_depth_sum{{{labels}}} {}", q.sum);
-        let _ = writeln!(out, "tracerd_io_queue_depth_count{{{labels}}} {}", q.count);
+        let mut total = 0;
+        let buckets = (0..QD_BUCKETS - 1)
+            .map(|k| {
+                total += q.buckets[k];
+                (f64::from(QueueDepths::le(k).unwrap_or(u32::MAX)), total)
+            })
+            .collect();
+        let h = Hist { buckets, count: q.count, sum: q.sum as f64, exemplars: vec![], native: None };
+        histogram(&mut f, labels([("device", device), ("op", op.as_str())]), h);
     }
+    out.push(f);
 
     let counters: [Counter; 4] = [
         ("tracerd_io_requests_total", "Completed requests.", |s| s.requests),
@@ -230,202 +292,213 @@ pub fn render(state: &State) -> String {
     // The same counters, of a cgroup's series.
     let cgroup_values: [fn(&SeriesFrame) -> u64; 4] =
         [|s| s.requests, |s| s.bytes, |s| s.merged_bios, |s| s.errors];
-    for ((name, help, value), cgroup_value) in counters.into_iter().zip(cgroup_values) {
-        header(&mut out, name, "counter", help);
-        match &cgroups {
+    for ((counter, help, value), cgroup_value) in counters.into_iter().zip(cgroup_values) {
+        let mut f = family(counter, Kind::Counter, help);
+        match &state.cgroups {
             None => {
                 for (device, op, stats) in &series {
-                    let _ = writeln!(
-                        out,
-                        "{name}{{device=\"{}\",op=\"{}\"}} {}",
-                        escape(device),
-                        op.as_str(),
-                        value(stats)
-                    );
+                    number(&mut f, labels([("device", device), ("op", op.as_str())]), value(stats) as f64);
                 }
             }
             Some(cgroups) => {
-                for (device, op, cgroup, s) in cgroups {
-                    let _ = writeln!(
-                        out,
-                        "{name}{{device=\"{}\",op=\"{}\",cgroup=\"{}\"}} {}",
-                        escape(device),
-                        op.as_str(),
-                        escape(cgroup),
-                        cgroup_value(s)
-                    );
+                for (device, op, cgroup, s) in cgroups.sorted(name) {
+                    let l = labels([("device", device), ("op", op.as_str()), ("cgroup", cgroup)]);
+                    number(&mut f, l, cgroup_value(s) as f64);
                 }
             }
         }
+        out.push(f);
     }
     if let Some(c) = &state.cgroups {
-        header(
-            &mut out,
+        let mut f = family(
             "tracerd_cgroup_folded_requests_total",
-            "counter",
-            "IOs counted under cgroup=\"other\", by reason: top (past config cgroups.top), excluded \
-             (cgroups.include/exclude), unnamed (the cgroup went before it was named).",
+            Kind::Counter,
+            "IOs counted under the cgroup label other, by reason: top (past config cgroups.top), \
+             excluded (cgroups.include/exclude), unnamed (the cgroup went before it was named).",
         );
         for (reason, n) in c.folded.reasons() {
-            let _ = writeln!(out, "tracerd_cgroup_folded_requests_total{{reason=\"{reason}\"}} {n}");
+            number(&mut f, labels([("reason", reason)]), n as f64);
         }
-        header(
-            &mut out,
+        out.push(f);
+        let mut f = family(
             "tracerd_cgroup_labels",
-            "gauge",
+            Kind::Gauge,
             "Cgroup labels with series of their own (state=used), and the bound (state=limit, config \
              cgroups.top).",
         );
-        let _ = writeln!(out, "tracerd_cgroup_labels{{state=\"used\"}} {}", c.labels());
-        let _ = writeln!(out, "tracerd_cgroup_labels{{state=\"limit\"}} {}", c.limits.top);
-        header(
-            &mut out,
+        number(&mut f, labels([("state", "used")]), c.labels() as f64);
+        number(&mut f, labels([("state", "limit")]), c.limits.top as f64);
+        out.push(f);
+        let mut f = family(
             "tracerd_cgroup_series_ended_total",
-            "counter",
+            Kind::Counter,
             "Cgroup labels whose series ended: expired (no IO for cgroups.expire_after_s) or displaced \
              (a busier cgroup took the place).",
         );
-        let _ = writeln!(out, "tracerd_cgroup_series_ended_total{{reason=\"expired\"}} {}", c.expired);
-        let _ = writeln!(out, "tracerd_cgroup_series_ended_total{{reason=\"displaced\"}} {}", c.displaced);
+        number(&mut f, labels([("reason", "expired")]), c.expired as f64);
+        number(&mut f, labels([("reason", "displaced")]), c.displaced as f64);
+        out.push(f);
+        let mut f = family(
+            "tracerd_cgroup_names",
+            Kind::Gauge,
+            "Cgroup ids tracerd holds a name for (forgotten after cgroups.expire_after_s unused).",
+        );
+        number(&mut f, vec![], c.names_cached as f64);
+        out.push(f);
     }
 
-    header(
-        &mut out,
+    let mut f = family(
         "tracerd_events_lost_total",
-        "counter",
+        Kind::Counter,
         "Events tracerd could not account for, by reason.",
     );
     for (reason, n) in state.agg.lost.reasons() {
-        let _ = writeln!(out, "tracerd_events_lost_total{{reason=\"{reason}\"}} {n}");
+        number(&mut f, labels([("reason", reason)]), n as f64);
     }
-
-    header(
+    out.push(f);
+    let single = |out: &mut Vec<Family>, name: &'static str, kind: Kind, help: &'static str, v: f64| {
+        let mut f = family(name, kind, help);
+        number(&mut f, vec![], v);
+        out.push(f);
+    };
+    single(
         &mut out,
         "tracerd_series_expired_total",
-        "counter",
+        Kind::Counter,
         "Devices whose series were dropped after the device vanished (config series.expire_after_s).",
+        state.agg.expired_devices as f64,
     );
-    let _ = writeln!(out, "tracerd_series_expired_total {}", state.agg.expired_devices);
-    header(
-        &mut out,
+    let mut f = family(
         "tracerd_in_flight_entries",
-        "gauge",
+        Kind::Gauge,
         "Entries in the kernel's in-flight tables (16384 slots each), sampled every 10 s.",
     );
-    let _ = writeln!(out, "tracerd_in_flight_entries{{table=\"bios\"}} {}", state.in_flight.0);
-    let _ = writeln!(out, "tracerd_in_flight_entries{{table=\"requests\"}} {}", state.in_flight.1);
-    header(
-        &mut out,
+    number(&mut f, labels([("table", "bios")]), state.in_flight.0 as f64);
+    number(&mut f, labels([("table", "requests")]), state.in_flight.1 as f64);
+    out.push(f);
+    let mut f = family(
         "tracerd_kernel_series",
-        "gauge",
+        Kind::Gauge,
         "Devices whose reads and writes the kernel aggregates itself (state=used), of how many \
          it can (state=capacity); other IO crosses the ring buffer as records.",
     );
-    let _ = writeln!(out, "tracerd_kernel_series{{state=\"used\"}} {}", state.kernel_series.0);
-    let _ = writeln!(out, "tracerd_kernel_series{{state=\"capacity\"}} {}", state.kernel_series.1);
+    number(&mut f, labels([("state", "used")]), state.kernel_series.0 as f64);
+    number(&mut f, labels([("state", "capacity")]), state.kernel_series.1 as f64);
+    out.push(f);
     if !state.aggregation.is_empty() {
-        header(&mut out, "tracerd_aggregation_info", "gauge", "Where reads and writes are aggregated.");
-        let _ = writeln!(out, "tracerd_aggregation_info{{mode=\"{}\"}} 1", state.aggregation);
+        let mut f = family("tracerd_aggregation_info", Kind::Gauge, "Where reads and writes are aggregated.");
+        number(&mut f, labels([("mode", state.aggregation)]), 1.0);
+        out.push(f);
     }
     if state.recorder.max_bytes != 0 {
         let r = &state.recorder;
-        header(
-            &mut out,
+        let mut f = family(
             "tracerd_recorder_bytes",
-            "gauge",
+            Kind::Gauge,
             "Memory of the flight recorder's frames (state=used), and its bound (state=limit, config \
              recorder.max_bytes).",
         );
-        let _ = writeln!(out, "tracerd_recorder_bytes{{state=\"used\"}} {}", r.bytes);
-        let _ = writeln!(out, "tracerd_recorder_bytes{{state=\"limit\"}} {}", r.max_bytes);
-        header(&mut out, "tracerd_recorder_frames", "gauge", "Frames the flight recorder keeps.");
-        let _ = writeln!(out, "tracerd_recorder_frames {}", r.frames);
-        header(
+        number(&mut f, labels([("state", "used")]), r.bytes as f64);
+        number(&mut f, labels([("state", "limit")]), r.max_bytes as f64);
+        out.push(f);
+        single(
+            &mut out,
+            "tracerd_recorder_frames",
+            Kind::Gauge,
+            "Frames the flight recorder keeps.",
+            r.frames as f64,
+        );
+        single(
             &mut out,
             "tracerd_recorder_span_seconds",
-            "gauge",
+            Kind::Gauge,
             "How far back the flight recorder reaches now (at most recorder.retention_s).",
+            r.span_s,
         );
-        let _ = writeln!(out, "tracerd_recorder_span_seconds {}", r.span_s);
-        header(
+        single(
             &mut out,
             "tracerd_recorder_frames_dropped_total",
-            "counter",
+            Kind::Counter,
             "Frames dropped before the end of the retention because the recorder reached its byte bound.",
+            r.dropped_for_memory as f64,
         );
-        let _ = writeln!(out, "tracerd_recorder_frames_dropped_total {}", r.dropped_for_memory);
     }
-    header(&mut out, "tracerd_records_total", "counter", "Records read from the kernel ring buffer.");
-    let _ = writeln!(out, "tracerd_records_total {}", state.records);
-    header(
+    single(
+        &mut out,
+        "tracerd_records_total",
+        Kind::Counter,
+        "Records read from the kernel ring buffer.",
+        state.records as f64,
+    );
+    single(
         &mut out,
         "tracerd_traced_devices",
-        "gauge",
+        Kind::Gauge,
         "Block devices (disks and partitions) traced in the kernel.",
+        state.traced_devices as f64,
     );
-    let _ = writeln!(out, "tracerd_traced_devices {}", state.traced_devices);
-    header(&mut out, "tracerd_hook_attached", "gauge", "1 for each block-layer hook attached, with how.");
+    let mut f =
+        family("tracerd_hook_attached", Kind::Gauge, "1 for each block-layer hook attached, with how.");
     for h in state.hooks.iter().filter(|h| h.attached()) {
-        let _ = writeln!(
-            out,
-            "tracerd_hook_attached{{hook=\"{}\",attach_type=\"{}\"}} 1",
-            h.hook,
-            h.attach_type.unwrap_or_default()
-        );
+        number(&mut f, labels([("hook", h.hook), ("attach_type", h.attach_type.unwrap_or_default())]), 1.0);
     }
-    header(
-        &mut out,
+    out.push(f);
+    let mut f = family(
         "tracerd_hook_skipped",
-        "gauge",
+        Kind::Gauge,
         "1 for each block-layer hook that could not be attached, with why.",
     );
     for h in state.hooks.iter().filter(|h| !h.attached()) {
-        let reason = escape(h.reason.as_deref().unwrap_or(""));
-        let _ = writeln!(out, "tracerd_hook_skipped{{hook=\"{}\",reason=\"{reason}\"}} 1", h.hook);
+        number(&mut f, labels([("hook", h.hook), ("reason", h.reason.as_deref().unwrap_or(""))]), 1.0);
     }
-    header(
+    out.push(f);
+    single(
         &mut out,
         "tracerd_bpf_run_seconds_total",
-        "counter",
+        Kind::Counter,
         "Time spent in tracerd's kernel programs; counted only while sysctl kernel.bpf_stats_enabled=1.",
+        state.programs.run_ns as f64 / 1e9,
     );
-    let _ = writeln!(out, "tracerd_bpf_run_seconds_total {}", state.programs.run_ns as f64 / 1e9);
-    header(
+    single(
         &mut out,
         "tracerd_bpf_runs_total",
-        "counter",
+        Kind::Counter,
         "Runs of tracerd's kernel programs; counted only while sysctl kernel.bpf_stats_enabled=1.",
+        state.programs.runs as f64,
     );
-    let _ = writeln!(out, "tracerd_bpf_runs_total {}", state.programs.runs);
     if let Some(p) = ProcessStats::read() {
-        let process: [(&str, &str, &str, f64); 4] = [
-            ("process_cpu_seconds_total", "counter", "User and system CPU time of tracerd.", p.cpu_seconds),
-            (
-                "process_resident_memory_bytes",
-                "gauge",
-                "Resident memory of tracerd.",
-                p.resident_bytes as f64,
-            ),
-            ("process_open_fds", "gauge", "Open file descriptors of tracerd.", p.open_fds as f64),
-            (
-                "process_start_time_seconds",
-                "gauge",
-                "Start time of tracerd, seconds since the Unix epoch.",
-                p.start_time_seconds,
-            ),
-        ];
-        for (name, kind, help, value) in process {
-            header(&mut out, name, kind, help);
-            let _ = writeln!(out, "{name} {value}");
-        }
+        single(
+            &mut out,
+            "process_cpu_seconds_total",
+            Kind::Counter,
+            "User and system CPU time of tracerd.",
+            p.cpu_seconds,
+        );
+        single(
+            &mut out,
+            "process_resident_memory_bytes",
+            Kind::Gauge,
+            "Resident memory of tracerd.",
+            p.resident_bytes as f64,
+        );
+        single(
+            &mut out,
+            "process_open_fds",
+            Kind::Gauge,
+            "Open file descriptors of tracerd.",
+            p.open_fds as f64,
+        );
+        single(
+            &mut out,
+            "process_start_time_seconds",
+            Kind::Gauge,
+            "Start time of tracerd, seconds since the Unix epoch.",
+            p.start_time_seconds,
+        );
     }
-    header(&mut out, "tracerd_build_info", "gauge", "tracerd version and the kernel it runs on.");
-    let _ = writeln!(
-        out,
-        "tracerd_build_info{{version=\"{}\",kernel=\"{}\"}} 1",
-        env!("CARGO_PKG_VERSION"),
-        escape(&state.kernel)
-    );
+    let mut f = family("tracerd_build_info", Kind::Gauge, "tracerd version and the kernel it runs on.");
+    number(&mut f, labels([("version", env!("CARGO_PKG_VERSION")), ("kernel", &state.kernel)]), 1.0);
+    out.push(f);
     out
 }
 
