@@ -33,6 +33,11 @@ impl Prometheus {
     /// Starts Prometheus scraping `targets` ((job, host:port) pairs) every second; waits
     /// until it is ready.
     pub fn start(targets: &[(&str, &str)]) -> Prometheus {
+        Prometheus::start_with(targets, &[])
+    }
+
+    /// `start`, with feature flags (`exemplar-storage`, `native-histograms`).
+    pub fn start_with(targets: &[(&str, &str)], features: &[&str]) -> Prometheus {
         let dir = std::env::temp_dir().join(unique("tracerd-prometheus"));
         fs::create_dir_all(&dir).unwrap();
         let mut config =
@@ -47,6 +52,7 @@ impl Prometheus {
             .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
             .arg(format!("--web.listen-address={addr}"))
             .arg("--log.level=warn")
+            .args(features.iter().map(|f| format!("--enable-feature={f}")))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(fs::File::create(dir.join("prometheus.log")).unwrap())
@@ -71,6 +77,24 @@ impl Prometheus {
             serde_json::from_str(&body).unwrap_or_else(|e| panic!("{expr}: bad JSON ({e}): {body}"));
         assert!(status == 200 && v["status"] == "success", "query {expr} failed ({status}): {body}");
         v["data"]["result"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Exemplars of the series `expr` selects, over the last `span_s` seconds: the
+    /// `data` array of /api/v1/query_exemplars.
+    pub fn exemplars(&self, expr: &str, span_s: u64) -> Vec<Value> {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        let path = format!(
+            "/api/v1/query_exemplars?query={}&start={}&end={}",
+            url_encode(expr),
+            now - span_s,
+            now + 60
+        );
+        let (status, body) =
+            http_get(&self.addr, &path).unwrap_or_else(|| panic!("no answer for exemplars of {expr}"));
+        let v: Value =
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{expr}: bad JSON ({e}): {body}"));
+        assert!(status == 200 && v["status"] == "success", "exemplars of {expr} failed ({status}): {body}");
+        v["data"].as_array().cloned().unwrap_or_default()
     }
 
     /// The value of a query that yields one series (None if it yields none).

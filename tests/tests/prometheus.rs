@@ -62,3 +62,105 @@ fn prometheus_scrapes_every_io_and_promtool_accepts_the_exposition() {
         panic!("promtool check metrics rejects tracerd's /metrics:\n{said}");
     }
 }
+
+/// Classic bounds of tracerd_io_stage_seconds (seconds).
+const CLASSIC_S: [f64; 25] = [
+    1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5,
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 60.0,
+];
+
+#[test]
+fn exemplars_and_native_histograms_reach_a_real_prometheus() {
+    require_root();
+    require_prometheus();
+    let dev = LoopDevice::new(128);
+    let dir = tracerd_tests::TempDir::new();
+    let cfg = dir.file("tracerd.toml");
+    // Per-cgroup series: the agent aggregates every IO's record, so every bucket an IO fell
+    // in has an exemplar (with the in-kernel aggregation, only the slow IOs' buckets do).
+    std::fs::write(&cfg, "[cgroups]\nlabel = \"path\"\n").unwrap();
+    let agent = Tracerd::run(&["--config", &cfg, "--device", &dev.name]);
+    let addr = agent.addr.clone().unwrap();
+    // One server per exposition: OpenMetrics text with exemplars, and protobuf with native
+    // histograms (Prometheus 2.42 ingests a histogram with native buckets as native only).
+    let om = Prometheus::start_with(&[("tracerd", &addr)], &["exemplar-storage"]);
+    let native = Prometheus::start_with(&[("tracerd", &addr)], &["native-histograms", "exemplar-storage"]);
+    READS.run(&dev);
+
+    let d = &dev.name;
+    let sel = format!(r#"{{job="tracerd",device="{d}",op="read",stage="q2c"}}"#);
+    let classic_count = format!("sum(tracerd_io_stage_seconds_count{sel})");
+    let native_count = format!("histogram_count(sum(tracerd_io_stage_seconds{sel}))");
+    let n = Some(READS.count as f64);
+    let scraped = eventually(|| om.value(&classic_count) == n && native.value(&native_count) == n);
+    assert!(
+        scraped,
+        "never {n:?} reads in both: classic {:?}, native {:?}\n{}\n{}",
+        om.value(&classic_count),
+        native.value(&native_count),
+        om.log(),
+        native.log()
+    );
+
+    // Exemplars: who did the IO and where, on the dashboard's own expressions too.
+    let exemplars = om.exemplars(&format!("tracerd_io_stage_seconds_bucket{sel}"), 600);
+    assert!(!exemplars.is_empty(), "no exemplars:\n{}", om.log());
+    for series in &exemplars {
+        for e in series["exemplars"].as_array().unwrap() {
+            let l = &e["labels"];
+            assert_eq!((l["device"].as_str(), l["comm"].as_str()), (Some(d.as_str()), Some("iogen")), "{e}");
+            assert!(l["pid"].as_str().unwrap().parse::<u32>().unwrap() > 0, "{e}");
+            assert!(l["sector"].as_str().unwrap().parse::<u64>().is_ok(), "{e}");
+            assert!(l["cgroup"].as_str().is_some_and(|c| c.starts_with('/')), "{e}");
+            // The exemplar's time lies in its bucket.
+            let le: f64 = series["seriesLabels"]["le"].as_str().unwrap().parse().unwrap();
+            let v: f64 = e["value"].as_str().unwrap().parse().unwrap();
+            let below = CLASSIC_S.iter().rev().find(|&&b| b < le).copied().unwrap_or(0.0);
+            assert!(v > below && v <= le, "exemplar {v} s in bucket le={le}");
+        }
+    }
+    let dashboard: serde_json::Value =
+        serde_json::from_str(include_str!("../../deploy/grafana/tracerd-dashboard.json")).unwrap();
+    let mut shown = 0;
+    let mut targets = vec![&dashboard];
+    while let Some(v) = targets.pop() {
+        match v {
+            serde_json::Value::Object(o) if o.get("exemplar") == Some(&serde_json::Value::Bool(true)) => {
+                // The exemplars Grafana asks for with a panel's query: those of its series.
+                let expr = o["expr"].as_str().unwrap();
+                let at = expr.find("tracerd_io_stage_seconds_bucket{").unwrap();
+                let inner = &expr[at..=at + expr[at..].find('}').unwrap()];
+                let inner = inner.replace("$instance", ".*").replace("$device", d).replace("$stage", "q2c");
+                assert!(!om.exemplars(&inner, 600).is_empty(), "no exemplars for the dashboard's {inner}");
+                shown += 1;
+            }
+            serde_json::Value::Object(o) => targets.extend(o.values()),
+            serde_json::Value::Array(a) => targets.extend(a.iter()),
+            _ => {}
+        }
+    }
+    assert!(shown >= 3, "the dashboard shows exemplars on {shown} queries");
+
+    // Native and classic quantiles agree: the native p50 lies in the classic bucket that
+    // holds the classic p50 (give or take a native bucket, 9 %).
+    for q in [0.5, 0.9, 0.99] {
+        let classic = om
+            .value(&format!("histogram_quantile({q}, sum by (le) (tracerd_io_stage_seconds_bucket{sel}))"))
+            .unwrap();
+        let nat =
+            native.value(&format!("histogram_quantile({q}, sum(tracerd_io_stage_seconds{sel}))")).unwrap();
+        let hi = CLASSIC_S.iter().copied().find(|&b| classic <= b).unwrap();
+        let lo = CLASSIC_S.iter().rev().copied().find(|&b| b < hi).unwrap_or(0.0);
+        println!("p{}: classic {classic:.7} s (bucket {lo}..{hi}), native {nat:.7} s", q * 100.0);
+        assert!(
+            nat > lo / 1.1 && nat <= hi * 1.1,
+            "p{q}: native {nat} s outside the classic bucket {lo}..{hi}"
+        );
+    }
+    let sum = |p: &Prometheus, e: &str| p.value(e).unwrap();
+    let (cs, ns) = (
+        sum(&om, &format!("sum(tracerd_io_stage_seconds_sum{sel})")),
+        sum(&native, &format!("histogram_sum(sum(tracerd_io_stage_seconds{sel}))")),
+    );
+    assert!((cs - ns).abs() <= cs * 1e-9, "sums: classic {cs}, native {ns}");
+}
