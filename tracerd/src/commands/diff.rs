@@ -394,7 +394,7 @@ impl Source {
         match self {
             Source::File(path) => Ok((Capture::load(path)?, path.display().to_string())),
             Source::Window { from_unix_s, to_unix_s } => {
-                let w = crate::commands::report::window(socket, *from_unix_s, *to_unix_s)?;
+                let w = crate::commands::report::window(socket, *from_unix_s, *to_unix_s, false)?;
                 let name = format!(
                     "agent {}..{}",
                     crate::units::rfc3339(w.from_unix_s),

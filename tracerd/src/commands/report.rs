@@ -796,14 +796,11 @@ pub async fn report(
             if view.by_qd {
                 anyhow::bail!("{BY_QD_NEEDS_RECORDS}");
             }
-            if view.by_cgroup.is_some() {
-                anyhow::bail!("{BY_CGROUP_NEEDS_RECORDS}");
-            }
-            let w = window(socket, from_unix_s, to_unix_s)?;
+            let w = window(socket, from_unix_s, to_unix_s, view.by_cgroup.is_some())?;
             return show_window(w, view, save, &selection, socket);
         }
         Source::Auto => match api::call::<api::Status>(socket, &api::Request::Status {}, "status") {
-            Ok(status) if !view.by_qd && view.by_cgroup.is_none() => {
+            Ok(status) if !view.by_qd => {
                 return match view.interval {
                     Some(every) => intervals_from_agent(every, view, &selection, socket, status).await,
                     None => report_from_agent(duration, view, save, &selection, socket, status).await,
@@ -875,8 +872,8 @@ pub async fn report(
     Ok(())
 }
 
-const BY_CGROUP_NEEDS_RECORDS: &str = "--by cgroup needs every IO's record, and the agent's recorder keeps \
-     no per-cgroup tables: report the present with --duration SECS --by cgroup (tracerd traces with its own programs)";
+const NO_CGROUP_SERIES: &str = "--by cgroup: the agent keeps no per-cgroup series (set [cgroups] label in \
+     its config); report the present with --standalone --duration SECS --by cgroup";
 
 /// `--by cgroup`: an aggregate per cgroup label, beside the capture's own.
 struct ByCgroup {
@@ -905,14 +902,14 @@ const BY_QD_NEEDS_RECORDS: &str = "--by qd needs every IO's record, and the agen
      per-queue-depth tables: report the present with --standalone --by qd";
 
 /// A window of the agent's recorder; an empty one is an error that says what the recorder holds.
-pub fn window(socket: &Path, from_unix_s: f64, to_unix_s: f64) -> Result<api::WindowAnswer> {
-    let w: api::WindowAnswer = api::call(socket, &api::Request::Window { from_unix_s, to_unix_s }, "window")
-        .map_err(|e| match e {
-            api::AttachError::NoAgent(_) => anyhow::anyhow!(
-                "{e}: windows of the past come from the agent's flight recorder, and no agent runs"
-            ),
-            e => e.into(),
-        })?;
+pub fn window(socket: &Path, from_unix_s: f64, to_unix_s: f64, by_cgroup: bool) -> Result<api::WindowAnswer> {
+    let request = api::Request::Window { from_unix_s, to_unix_s, by_cgroup };
+    let w: api::WindowAnswer = api::call(socket, &request, "window").map_err(|e| match e {
+        api::AttachError::NoAgent(_) => anyhow::anyhow!(
+            "{e}: windows of the past come from the agent's flight recorder, and no agent runs"
+        ),
+        e => e.into(),
+    })?;
     if w.frames == 0 {
         let status: api::Status = api::call(socket, &api::Request::Status {}, "status")?;
         let holds = match (status.recorder.from_unix_s, status.recorder.to_unix_s) {
@@ -954,7 +951,7 @@ async fn report_from_agent(
     }
     let ended = capture::unix_now();
     sealed(socket, ended, status.recorder.resolution_s).await?;
-    show_window(window(socket, started, ended)?, view, save, selection, socket)
+    show_window(window(socket, started, ended, view.by_cgroup.is_some())?, view, save, selection, socket)
 }
 
 /// Waits until the agent has sealed the frame that holds `until`: within one resolution and a
@@ -1005,7 +1002,7 @@ async fn intervals_from_agent(
             _ = &mut shutdown => return Ok(()),
         }
         sealed(socket, until, resolution).await?;
-        let request = api::Request::Window { from_unix_s: from, to_unix_s: until };
+        let request = api::Request::Window { from_unix_s: from, to_unix_s: until, by_cgroup: false };
         let w: api::WindowAnswer = api::call(socket, &request, "window")?;
         from = if w.frames > 0 { w.to_unix_s } else { until + resolution / 2.0 };
         window_report(w, view, None, selection, socket, false)?.print_interval(view)?;
@@ -1134,6 +1131,17 @@ fn window_report(
     let (agg, topo, lost) = capture.to_aggregate();
     let mut report =
         Report::build_with(&agg, &topo, &lost, &[], &capture.kernel, capture.duration_s, view.hist);
+    if view.by_cgroup.is_some() {
+        if w.by_cgroup.is_empty() && !capture.devices.is_empty() {
+            anyhow::bail!("{NO_CGROUP_SERIES}");
+        }
+        let mut aggs = BTreeMap::new();
+        for (label, mut c) in w.by_cgroup {
+            select_devices(&mut c, selection)?;
+            aggs.insert(label, c.to_aggregate().0);
+        }
+        report = report.with_cgroups(&aggs, &topo, view.hist);
+    }
     if slowest {
         let request = api::Request::Slowest { from_unix_s: w.from_unix_s, to_unix_s: w.to_unix_s };
         let shown: Vec<&str> = capture.devices.iter().map(|d| d.device.as_str()).collect();

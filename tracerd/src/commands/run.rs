@@ -135,13 +135,11 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
             st.agg.add(io.target, op, io.rec, io.layers, |d| topo.name_of(d));
             if let Some(c) = &mut st.cgroups {
                 let l = c.limits.label_of(&named);
-                label = Some(c.add(
-                    io.target,
-                    op,
-                    io.rec,
-                    l.as_deref().map_err(|e| *e),
-                    std::time::Instant::now(),
-                ));
+                let now = std::time::Instant::now();
+                let counted = c.add(io.target, op, io.rec, l.as_deref().map_err(|e| *e), now);
+                // The recorder keeps the cgroup's series too: `report --since 10m --by cgroup`.
+                frame.borrow_mut().add_cgroup_record(io.target, op, counted.clone(), io.rec);
+                label = Some(counted);
             }
             if aggregation != Aggregation::Records
                 && io.rec.kind == kind::REQUEST

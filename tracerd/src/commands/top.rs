@@ -405,7 +405,7 @@ async fn from_agent(
             _ = second.tick() => {
                 let now: api::Status = api::call(socket, &api::Request::Status {}, "status")?;
                 if let Some(newest) = now.recorder.to_unix_s.filter(|&t| t > from) {
-                    let request = api::Request::Window { from_unix_s: from, to_unix_s: newest };
+                    let request = api::Request::Window { from_unix_s: from, to_unix_s: newest, by_cgroup: false };
                     let w: api::WindowAnswer = api::call(socket, &request, "window")?;
                     from = newest;
                     if !view.paused {

@@ -4,7 +4,8 @@
 //! A frame holds one interval's IO per (device, op): requests, bytes, merged bios, errors,
 //! queue depths at issue, event paths, and a histogram of every stage, of every layer phase
 //! (stacked devices) and of the submit and personality times, with exact sums; and the events
-//! lost in the interval. Histograms use the kernel's buckets (`tracer_common::agg`: R10
+//! lost in the interval; an agent with `[cgroups] label` adds the same per (device, op,
+//! cgroup label). Histograms use the kernel's buckets (`tracer_common::agg`: R10
 //! steps, each bound at most 1.28 times the one below), the resolution in-kernel aggregation
 //! already has. Frames are stored varint-encoded, so memory follows the IO done (an idle
 //! device costs nothing) and is bounded twice: by the retention and by `max_bytes`, oldest
@@ -221,11 +222,18 @@ impl SeriesFrame {
 #[derive(Debug, Default)]
 pub struct FrameBuilder {
     series: HashMap<(u32, Op), SeriesFrame>,
+    /// Per-cgroup series (an agent with `[cgroups] label`), by the label they were counted under.
+    cgroups: HashMap<(u32, Op, Arc<str>), SeriesFrame>,
 }
 
 impl FrameBuilder {
     pub fn add_record(&mut self, dev: u32, op: Op, rec: &IoRecord, layers: &[LayerSplit]) {
         self.series.entry((dev, op)).or_default().add_record(rec, layers);
+    }
+
+    /// The record again, in its cgroup's series.
+    pub fn add_cgroup_record(&mut self, dev: u32, op: Op, label: Arc<str>, rec: &IoRecord) {
+        self.cgroups.entry((dev, op, label)).or_default().add_record(rec, &[]);
     }
 
     pub fn add_kernel(&mut self, dev: u32, op: Op, counted: &SeriesAgg) {
@@ -255,7 +263,16 @@ impl FrameBuilder {
             w.push(i as u8);
             varint(&mut w, n);
         }
+        let mut keys: Vec<&(u32, Op, Arc<str>)> = self.cgroups.keys().collect();
+        keys.sort_unstable();
+        varint(&mut w, keys.len() as u64);
+        for key in keys {
+            varint(&mut w, key.2.len() as u64);
+            w.extend_from_slice(key.2.as_bytes());
+            encode_series(&mut w, (key.0, key.1), &self.cgroups[key]);
+        }
         self.series.clear();
+        self.cgroups.clear();
         Frame { start_ms, end_ms, data: w.into() }
     }
 }
@@ -274,6 +291,8 @@ pub struct Frame {
 pub struct Decoded {
     pub series: Vec<((u32, Op), SeriesFrame)>,
     pub lost: Lost,
+    /// Per-cgroup series: ((device, op, cgroup label), series).
+    pub cgroups: Vec<((u32, Op, String), SeriesFrame)>,
 }
 
 /// A frame that does not decode: a bug, reported instead of a wrong answer.
@@ -304,6 +323,14 @@ impl Frame {
             let i = r.byte().ok_or_else(|| damaged(&r))? as usize;
             let v = r.varint().ok_or_else(|| damaged(&r))?;
             **counters.get_mut(i).ok_or_else(|| damaged(&r))? += v;
+        }
+        let n = r.varint().ok_or_else(|| damaged(&r))?;
+        for _ in 0..n {
+            let len = r.varint().ok_or_else(|| damaged(&r))? as usize;
+            let label =
+                r.bytes(len).and_then(|b| String::from_utf8(b.to_vec()).ok()).ok_or_else(|| damaged(&r))?;
+            let ((dev, op), series) = decode_series(&mut r).ok_or_else(|| damaged(&r))?;
+            out.cgroups.push(((dev, op, label), series));
         }
         if r.at != self.data.len() {
             return Err(damaged(&r));
@@ -353,6 +380,20 @@ impl Window {
             lost.add(&d.lost);
         }
         Ok((agg, lost))
+    }
+
+    /// Every frame's per-cgroup series added up: an aggregate per cgroup label (empty when the
+    /// agent keeps none).
+    pub fn aggregate_cgroups(&self) -> Result<BTreeMap<String, Aggregator>, Damaged> {
+        let mut out: BTreeMap<String, Aggregator> = BTreeMap::new();
+        for frame in &self.frames {
+            for ((dev, op, label), s) in frame.decode()?.cgroups {
+                let agg = out.entry(label).or_default();
+                agg.names.entry(dev).or_insert_with(|| self.topology.name_of(dev));
+                s.add_to(agg.series.entry((dev, op)).or_default());
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -506,6 +547,12 @@ impl Reader<'_> {
         None
     }
 
+    fn bytes(&mut self, n: usize) -> Option<&[u8]> {
+        let b = self.data.get(self.at..self.at.checked_add(n)?)?;
+        self.at += n;
+        Some(b)
+    }
+
     fn buckets(&mut self) -> Option<Box<Buckets>> {
         let mut b = Buckets::new();
         b.sum_ns = self.varint()?;
@@ -608,6 +655,30 @@ mod tests {
         assert_eq!(d.lost, lost);
         // Bytes: 4 series of up to 8 stages in a few hundred bytes, not kilobytes.
         assert!(frame.data.len() < 700, "{} bytes", frame.data.len());
+    }
+
+    #[test]
+    fn cgroup_series_ride_in_the_frames_and_add_up_per_label() {
+        let mut b = FrameBuilder::default();
+        let r = request(1000, 2000, 9000, 4096, 1);
+        for label in ["/a", "/a", "/b"] {
+            b.add_record(7, Op::Read, &r, &[]);
+            b.add_cgroup_record(7, Op::Read, label.into(), &r);
+        }
+        let frames = [b.seal(0, 1000, &Lost::default()), {
+            b.add_cgroup_record(7, Op::Write, "/a".into(), &r);
+            b.seal(1000, 2000, &Lost::default())
+        }];
+        let d = frames[0].decode().unwrap();
+        assert_eq!(d.cgroups.len(), 2);
+        assert_eq!(d.cgroups[0].0, (7, Op::Read, "/a".to_owned()));
+        assert_eq!(d.cgroups[0].1.requests, 2);
+        let w = Window { frames: frames.to_vec(), topology: Topology::default() };
+        let per = w.aggregate_cgroups().unwrap();
+        assert_eq!(per.keys().collect::<Vec<_>>(), ["/a", "/b"]);
+        assert_eq!(per["/a"].series[&(7, Op::Read)].requests, 2);
+        assert_eq!(per["/a"].series[&(7, Op::Write)].requests, 1);
+        assert_eq!(per["/b"].series[&(7, Op::Read)].stage(Stage::D2c).unwrap().count(), 1);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! `"version": 1`; the schema is in the README ("The agent's API").
 
 use std::{
+    collections::BTreeMap,
     io::{BufRead, BufReader, ErrorKind, Write},
     os::unix::{
         fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt},
@@ -39,8 +40,14 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 pub enum Request {
     /// The agent: version, kernel, what it traces, the recorder's span.
     Status {},
-    /// The recorder's frames that overlap `[from_unix_s, to_unix_s)`, added up into a capture.
-    Window { from_unix_s: f64, to_unix_s: f64 },
+    /// The recorder's frames that overlap `[from_unix_s, to_unix_s)`, added up into a capture;
+    /// with `by_cgroup`, a capture per cgroup label too (an agent with `[cgroups] label`).
+    Window {
+        from_unix_s: f64,
+        to_unix_s: f64,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        by_cgroup: bool,
+    },
     /// Each device's slowest IOs of every minute that overlaps `[from_unix_s, to_unix_s)`.
     Slowest { from_unix_s: f64, to_unix_s: f64 },
     /// Every IO from now on, one `snoop --json` line each, that passes the filters.
@@ -142,6 +149,9 @@ pub struct WindowAnswer {
     pub to_unix_s: f64,
     pub frames: u64,
     pub capture: Capture,
+    /// Asked `by_cgroup`: the window per cgroup label (empty if the agent keeps none).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_cgroup: BTreeMap<String, Capture>,
 }
 
 /// What the API serves from: the recorder, what `status` says of the agent, and the views
@@ -188,7 +198,7 @@ impl Shared {
     }
 
     /// The window's frames are taken under the lock and added up outside it.
-    fn window(&self, from_unix_s: f64, to_unix_s: f64) -> Result<WindowAnswer, String> {
+    fn window(&self, from_unix_s: f64, to_unix_s: f64, by_cgroup: bool) -> Result<WindowAnswer, String> {
         if !(from_unix_s.is_finite() && to_unix_s.is_finite() && from_unix_s < to_unix_s) {
             return Err(format!(
                 "window from {from_unix_s} to {to_unix_s}: give from_unix_s before to_unix_s (seconds since the Unix epoch)"
@@ -204,10 +214,19 @@ impl Shared {
         let status = self.status.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let meta =
             Meta { kernel: status.kernel, host: status.host, started_unix_s: from, duration_s: to - from };
+        let cgroups =
+            if by_cgroup { window.aggregate_cgroups().map_err(|e| e.to_string())? } else { BTreeMap::new() };
+        let none = crate::model::aggregate::Lost::default();
         Ok(WindowAnswer {
             from_unix_s: from,
             to_unix_s: to,
             frames: window.frames.len() as u64,
+            by_cgroup: cgroups
+                .iter()
+                .map(|(label, agg)| {
+                    (label.clone(), Capture::from_aggregate(agg, &window.topology, &none, meta.clone()))
+                })
+                .collect(),
             capture: Capture::from_aggregate(&agg, &window.topology, &lost, meta),
         })
     }
@@ -241,8 +260,8 @@ impl Shared {
             // Streams are served by `stream`, before an answer is asked for.
             Ok(Request::Stream { .. }) => Err("a stream is answered line by line".into()),
             Ok(Request::Status {}) => Ok(("status", serde_json::to_value(self.status()))),
-            Ok(Request::Window { from_unix_s, to_unix_s }) => {
-                self.window(from_unix_s, to_unix_s).map(|w| ("window", serde_json::to_value(w)))
+            Ok(Request::Window { from_unix_s, to_unix_s, by_cgroup }) => {
+                self.window(from_unix_s, to_unix_s, by_cgroup).map(|w| ("window", serde_json::to_value(w)))
             }
             Ok(Request::Slowest { from_unix_s, to_unix_s }) => {
                 let slowest =
