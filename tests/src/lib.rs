@@ -103,6 +103,48 @@ impl LoopDevice {
     }
 }
 
+impl LoopDevice {
+    /// A loop device never used before in this boot (LOOP_CTL_ADD of an index past the usual
+    /// ones), removed from the system on drop: a fresh block device inode, whose page cache
+    /// no earlier writer has claimed for its cgroup (cgroup writeback keeps an inode's first
+    /// dirtier's).
+    pub fn fresh(size_mib: u64) -> FreshLoopDevice {
+        const LOOP_CTL_ADD: libc::Ioctl = 0x4C80;
+        let ctl = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/loop-control")
+            .expect("/dev/loop-control");
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&ctl);
+        let mut index = 4096 + std::process::id() as libc::c_long % 4096;
+        // SAFETY: ioctls on an fd we own, with an integer argument.
+        while unsafe { libc::ioctl(fd, LOOP_CTL_ADD, index) } < 0 {
+            assert_eq!(
+                std::io::Error::last_os_error().raw_os_error(),
+                Some(libc::EEXIST),
+                "LOOP_CTL_ADD {index}"
+            );
+            index += 1;
+        }
+        let path = format!("/dev/loop{index}");
+        assert!(eventually(|| std::path::Path::new(&path).exists()), "{path} never appeared");
+        let backing = PathBuf::from("/dev/shm").join(unique("tracerd-test") + ".img");
+        fs::File::create(&backing).expect("backing file").set_len(size_mib << 20).expect("size backing file");
+        cmd_output(Command::new("losetup").arg(&path).arg(&backing));
+        FreshLoopDevice(LoopDevice { name: format!("loop{index}"), path, backing })
+    }
+}
+
+/// A [`LoopDevice::fresh`] one: detached, then removed, on drop.
+pub struct FreshLoopDevice(pub LoopDevice);
+
+impl Drop for FreshLoopDevice {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0.path]).status();
+        remove_loop_device(&self.0.name);
+    }
+}
+
 /// Removes a detached loop device from the system (LOOP_CTL_REMOVE): unlike `losetup -d`,
 /// which leaves an empty /dev/loopN, the device then leaves /sys/class/block.
 pub fn remove_loop_device(name: &str) {

@@ -74,7 +74,7 @@ enum Cmd {
     },
     /// Boot a Debian 6.1 kernel under qemu (md, dm, brd, null_blk, kprobes) and run tracerd there.
     VmTest {
-        /// Run only this scenario (smoke, dm, md, nullb, mp, host) and keep the console log,
+        /// Run only this scenario (smoke, dm, md, nullb, mp, host, cg) and keep the console log,
         /// without the assertions: for developing a scenario.
         #[arg(long)]
         scenario: Option<String>,
@@ -276,6 +276,8 @@ fn integration_tests(tally: &mut Tally) -> Result<()> {
         "faults",
         "--test",
         "agent",
+        "--test",
+        "cgroups",
         "--",
         "--test-threads=1",
     ])

@@ -836,6 +836,7 @@ pub fn run_scenarios(only: Option<&str>) -> Result<PathBuf> {
         step("build static binaries", || build_static(&["tracerd", "tracerd-tests"], &["tracerd", "iogen"]))?;
     let host_tests =
         step("build the host-kernel tests", || build_static_test("tracerd-tests", "host_kernel"))?;
+    let cgroup_tests = step("build the cgroup tests", || build_static_test("tracerd-tests", "cgroups"))?;
     let kernel = step("fetch the kernel", kernel)?;
     let initramfs = out_dir().join("tracerd-vm.cpio");
     step("build the initramfs", || {
@@ -845,6 +846,7 @@ pub fn run_scenarios(only: Option<&str>) -> Result<PathBuf> {
         // The host-kernel tests, run on this second kernel: the harness finds iogen at
         // <test dir>/../iogen.
         files.push(("/t/deps/host_kernel".into(), host_tests.clone()));
+        files.push(("/t/deps/cgroups".into(), cgroup_tests.clone()));
         files.push(("/t/iogen".into(), bins[1].clone()));
         build_initramfs(&initramfs, &files, &guest_script(&(smoke_scenario() + &vm_scenarios::all())))
     })?;

@@ -142,7 +142,23 @@ echo "VM-RESULT-END host_tests""#,
     )
 }
 
+/// The cgroup tests (tests/tests/cgroups.rs) on cgroup v2 with the io and memory
+/// controllers, which they mount and turn on (the host has v1 blkio: no cgroup writeback).
+fn cgroup_tests() -> String {
+    scenario(
+        "cg",
+        r#"mkdir -p /dev/shm && mountpoint -q /dev/shm || mount -t tmpfs tmpfs /dev/shm
+ip link set lo up
+echo "VM-RESULT-BEGIN cgroup_tests"
+TRACERD_BIN=/bin/tracerd PATH=/usr/local/sbin:/usr/local/bin:$PATH \
+    /t/deps/cgroups --test-threads=1 --show-output 2>&1
+echo "cgroup tests exit status: $?"
+echo "VM-RESULT-END cgroup_tests""#,
+    )
+}
+
 /// Every scenario, in order.
 pub fn all() -> String {
-    [HELPERS.to_string(), dm_linear(), md_raid1(), null_blk(), dm_multipath(), host_tests()].concat()
+    [HELPERS.to_string(), dm_linear(), md_raid1(), null_blk(), dm_multipath(), host_tests(), cgroup_tests()]
+        .concat()
 }

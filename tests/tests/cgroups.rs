@@ -1,0 +1,352 @@
+//! Per-cgroup attribution against the running kernel, on the cgroup layout the machine has:
+//! this project's host mounts v1 blkio beside v2 (no cgroup writeback: that is v2's), the VM
+//! guest (where this file runs too) mounts v2 alone with the io and memory controllers on.
+//! Known IO from known cgroups must be counted under exactly those cgroups.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use serde_json::Value;
+use tracerd_tests::{LoopDevice, TempDir, Tracerd, eventually, iogen_bin, require_root};
+
+/// The machine's cgroup hierarchies, as the tests use them.
+struct Layout {
+    v2: PathBuf,
+    /// The v1 hierarchy with blkio, where the machine mounts one.
+    blkio_v1: Option<PathBuf>,
+    /// The io controller is on in v2's root: bios carry v2 blkcg associations.
+    io_on_v2: bool,
+    /// io and memory on in v2: dirty pages are written back for the cgroup that dirtied them.
+    writeback: bool,
+}
+
+fn mounts() -> Vec<(String, String, String)> {
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let point = left.split(' ').nth(4)?.to_owned();
+            let mut theirs = right.split(' ');
+            let fstype = theirs.next()?.to_owned();
+            Some((point, fstype, theirs.nth(1).unwrap_or("").to_owned()))
+        })
+        .collect()
+}
+
+fn layout() -> Layout {
+    let mut m = mounts();
+    if !m.iter().any(|(_, t, _)| t == "cgroup2" || t == "cgroup") {
+        // A bare guest (the VM's init mounts none): mount v2 with the controllers a systemd
+        // host turns on. Never done where any cgroup hierarchy is mounted.
+        fs::create_dir_all("/sys/fs/cgroup").unwrap();
+        let ok = Command::new("mount").args(["-t", "cgroup2", "none", "/sys/fs/cgroup"]).status().unwrap();
+        assert!(ok.success(), "mount -t cgroup2 failed");
+        let available = fs::read_to_string("/sys/fs/cgroup/cgroup.controllers").unwrap();
+        for c in ["io", "memory"].iter().filter(|c| available.split_whitespace().any(|a| a == **c)) {
+            fs::write("/sys/fs/cgroup/cgroup.subtree_control", format!("+{c}")).unwrap();
+        }
+        m = mounts();
+    }
+    let v2 =
+        m.iter().find(|(_, t, _)| t == "cgroup2").map(|(p, _, _)| PathBuf::from(p)).expect("a cgroup2 mount");
+    let blkio_v1 = m
+        .iter()
+        .find(|(_, t, o)| t == "cgroup" && o.split(',').any(|o| o == "blkio"))
+        .map(|(p, _, _)| PathBuf::from(p));
+    let on = fs::read_to_string(v2.join("cgroup.subtree_control")).unwrap_or_default();
+    let on = |c: &str| on.split_whitespace().any(|x| x == c);
+    let io_on_v2 = blkio_v1.is_none() && on("io");
+    Layout { writeback: io_on_v2 && on("memory"), v2, blkio_v1, io_on_v2 }
+}
+
+/// A cgroup of this test: its directory, the path tracerd must name it by, and how tracerd
+/// must have found it ("blkcg": the bio's association; "task": the submitter's v2 cgroup).
+struct Cgroup {
+    dir: PathBuf,
+    path: String,
+    from: &'static str,
+}
+
+impl Cgroup {
+    /// In the io controller's hierarchy (v1 blkio where mounted, else v2).
+    fn blkio(l: &Layout, name: &str) -> Cgroup {
+        match &l.blkio_v1 {
+            Some(root) => Cgroup::at(root, name, "blkcg"),
+            None => Cgroup::at(&l.v2, name, if l.io_on_v2 { "blkcg" } else { "task" }),
+        }
+    }
+
+    /// In v2 alone: on a v1-blkio host its bios have only the root's blkcg, so the task's
+    /// cgroup names them.
+    fn v2(l: &Layout, name: &str) -> Cgroup {
+        Cgroup::at(&l.v2, name, if l.io_on_v2 { "blkcg" } else { "task" })
+    }
+
+    fn at(root: &Path, name: &str, from: &'static str) -> Cgroup {
+        let name = format!("tracerd-test-{name}-{}", std::process::id());
+        let dir = root.join(&name);
+        fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        Cgroup { dir, path: format!("/{name}"), from }
+    }
+
+    /// Runs `argv` inside the cgroup, to completion.
+    fn run(&self, argv: &[&str]) -> String {
+        let procs = self.dir.join("cgroup.procs");
+        let out = Command::new("sh")
+            .args(["-c", &format!("echo $$ > {} && exec \"$@\"", procs.display()), "sh"])
+            .args(argv)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{argv:?} in {}: {}", self.path, String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        // The last task has exited; the kernel may take a moment to let the cgroup go.
+        eventually(|| fs::remove_dir(&self.dir).is_ok() || !self.dir.exists());
+    }
+}
+
+fn config(dir: &TempDir, body: &str) -> String {
+    let path = dir.file("tracerd.toml");
+    fs::write(&path, body).unwrap();
+    path
+}
+
+/// Requests, and bytes, of `op` on `device` under `cgroup` in a report's `by_cgroup`.
+fn reported(report: &Value, cgroup: &str, device: &str, op: &str) -> (u64, u64) {
+    let Some(c) = report["by_cgroup"].as_array().unwrap().iter().find(|c| c["cgroup"] == cgroup) else {
+        return (0, 0);
+    };
+    let ops = c["devices"].as_array().unwrap().iter().filter(|d| d["device"] == device).flat_map(|d| {
+        d["ops"].as_array().unwrap().iter().filter(|o| o["op"] == op).cloned().collect::<Vec<_>>()
+    });
+    ops.fold((0, 0), |(r, b), o| (r + o["requests"].as_u64().unwrap(), b + o["bytes"].as_u64().unwrap()))
+}
+
+#[test]
+fn direct_ios_from_two_cgroups_are_counted_under_each_exactly() {
+    require_root();
+    let l = layout();
+    let dev = LoopDevice::new(64);
+    let tmp = TempDir::new();
+    let agent =
+        Tracerd::run(&["--config", &config(&tmp, "[cgroups]\nlabel = \"path\"\n"), "--device", &dev.name]);
+    let mut report =
+        Tracerd::spawn(&["report", "--json", "--duration", "600", "--by", "cgroup", "--device", &dev.name]);
+    let mut snoop = Tracerd::spawn(&["snoop", "--json", "--standalone", "--device", &dev.name]);
+    let (a, b) = (Cgroup::blkio(&l, "a"), Cgroup::v2(&l, "b"));
+    let iogen = iogen_bin();
+    a.run(&[iogen.to_str().unwrap(), &dev.path, "read", "300", "4096", "4"]);
+    b.run(&[iogen.to_str().unwrap(), &dev.path, "write", "200", "8192", "2"]);
+
+    // The agent's metrics: a cgroup label, exact counts, and nothing else on the device.
+    let counted = eventually(|| {
+        let m = agent.metrics();
+        let n = |c: &str, op: &str| {
+            m.get("tracerd_io_requests_total", &[("device", &dev.name), ("op", op), ("cgroup", c)])
+        };
+        n(&a.path, "read") == 300.0 && n(&b.path, "write") == 200.0
+    });
+    let m = agent.metrics();
+    assert!(
+        counted,
+        "the agent never counted 300 reads under {} and 200 writes under {}: {m:?}",
+        a.path, b.path
+    );
+    assert_eq!(m.sum("tracerd_io_requests_total", &[("device", &dev.name)]), 500.0, "IO under other cgroups");
+    assert_eq!(
+        m.get(
+            "tracerd_io_stage_seconds_count",
+            &[("device", &dev.name), ("op", "read"), ("cgroup", &a.path), ("stage", "q2c")]
+        ),
+        300.0
+    );
+    assert_eq!(
+        m.get("tracerd_io_bytes_total", &[("device", &dev.name), ("op", "write"), ("cgroup", &b.path)]),
+        200.0 * 8192.0
+    );
+    assert_eq!(m.get("tracerd_cgroup_labels", &[("state", "used")]), 2.0);
+
+    // The agent's recorder keeps the cgroups' series: a window of the past, per cgroup, from
+    // the agent (no programs of its own). The frame with the last IO is sealed within a second.
+    let socket = agent.socket.clone().unwrap();
+    let attached = || {
+        let (status, out, err) = tracerd_tests::tracerd_output(&[
+            "report",
+            "--json",
+            "--since",
+            "10m",
+            "--by",
+            "cgroup",
+            "--device",
+            &dev.name,
+            "--socket",
+            socket.to_str().unwrap(),
+        ]);
+        // Until the first frame is sealed, the window is refused: retried.
+        if !status.success() {
+            return Value::String(err);
+        }
+        serde_json::from_str::<Value>(&out).unwrap()
+    };
+    let mut last = Value::Null;
+    let whole = eventually(|| {
+        last = attached();
+        last.is_object()
+            && reported(&last, &a.path, &dev.name, "read") == (300, 300 * 4096)
+            && reported(&last, &b.path, &dev.name, "write") == (200, 200 * 8192)
+    });
+    assert!(whole, "the agent's window never held each cgroup's IO:\n{last:#}");
+    assert!(last["from_agent"].is_object(), "{last:#}");
+
+    // report --by cgroup, from its own programs.
+    report.stop(libc::SIGINT);
+    let r: Value = serde_json::from_str(&report.stdout_text()).expect("report JSON");
+    assert_eq!(reported(&r, &a.path, &dev.name, "read"), (300, 300 * 4096), "{}", report.stdout_text());
+    assert_eq!(reported(&r, &b.path, &dev.name, "write"), (200, 200 * 8192));
+    assert_eq!(reported(&r, &a.path, &dev.name, "write"), (0, 0));
+
+    // snoop names each IO's cgroup, and how it was found.
+    snoop.stop(libc::SIGINT);
+    let lines: Vec<Value> = snoop.stdout_text().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    for (c, op, n) in [(&a, "read", 300), (&b, "write", 200)] {
+        let mine: Vec<&Value> = lines.iter().filter(|v| v["op"] == op).collect();
+        assert_eq!(mine.len(), n, "{op} lines");
+        for v in mine {
+            assert_eq!(
+                (v["cgroup"].as_str(), v["cgroup_from"].as_str()),
+                (Some(c.path.as_str()), Some(c.from)),
+                "{v}"
+            );
+            assert!(v["cgroup_id"].as_u64().unwrap() > 1);
+        }
+    }
+}
+
+#[test]
+fn buffered_writes_are_charged_to_the_cgroup_that_dirtied_them() {
+    require_root();
+    let l = layout();
+    let dev = LoopDevice::new(64);
+    let tmp = TempDir::new();
+    let agent =
+        Tracerd::run(&["--config", &config(&tmp, "[cgroups]\nlabel = \"path\"\n"), "--device", &dev.name]);
+    let mut snoop = Tracerd::spawn(&["snoop", "--json", "--standalone", "--device", &dev.name]);
+    let a = Cgroup::v2(&l, "dirty");
+    // Held open, so that dd's close is not the last and does not write the pages back itself:
+    // the flusher (or sync) must.
+    let _held = fs::File::open(&dev.path).unwrap();
+    let of = format!("of={}", dev.path);
+    a.run(&["dd", "if=/dev/zero", &of, "bs=4096", "count=256", "conv=notrunc"]);
+    assert!(Command::new("sync").status().unwrap().success());
+    // With cgroup writeback (v2, io and memory on) the pages are the dirtying cgroup's; without
+    // it (v1 blkio hosts) the writeback is the kernel's own, in the root.
+    let (owner, from) = if l.writeback { (a.path.as_str(), "blkcg") } else { ("/", "task") };
+    let written = |m: &tracerd_tests::Metrics, c: &str| {
+        m.get("tracerd_io_bytes_total", &[("device", &dev.name), ("op", "write"), ("cgroup", c)])
+    };
+    let counted = eventually(|| written(&agent.metrics(), owner) == (256 * 4096) as f64);
+    let m = agent.metrics();
+    assert!(counted, "1 MiB of writeback never counted under {owner}: {m:?}");
+    assert_eq!(
+        m.sum("tracerd_io_bytes_total", &[("device", &dev.name), ("op", "write")]),
+        (256 * 4096) as f64
+    );
+    snoop.stop(libc::SIGINT);
+    let writes: Vec<Value> = snoop
+        .stdout_text()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["op"] == "write")
+        .collect();
+    assert!(!writes.is_empty());
+    for v in &writes {
+        assert_eq!((v["cgroup"].as_str(), v["cgroup_from"].as_str()), (Some(owner), Some(from)), "{v}");
+        // Written back by the kernel (a flusher kworker, or sync), never by dd itself.
+        assert_ne!(v["comm"], "dd", "{v}");
+    }
+    println!(
+        "cgroup writeback: {}; {} write requests ({}) charged to {owner}",
+        if l.writeback { "on (v2 io+memory)" } else { "off (v1 blkio host)" },
+        writes.len(),
+        writes
+            .iter()
+            .map(|v| v["comm"].as_str().unwrap_or("?"))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+}
+
+#[test]
+fn short_lived_cgroups_stay_within_the_bound_expire_and_leak_nothing() {
+    require_root();
+    let l = layout();
+    let dev = LoopDevice::new(64);
+    let tmp = TempDir::new();
+    let cfg = config(&tmp, "[cgroups]\nlabel = \"path\"\ntop = 10\nexpire_after_s = 15\n");
+    let agent = Tracerd::run(&["--config", &cfg, "--device", &dev.name]);
+    let iogen = iogen_bin();
+    let other = |m: &tracerd_tests::Metrics| {
+        m.sum("tracerd_io_requests_total", &[("device", &dev.name), ("cgroup", "other")])
+    };
+    // 200 cgroups, each doing 5 reads then going away; twice, the RSS measured after each.
+    let mut rss = vec![];
+    for round in 1..=2u32 {
+        for i in 0..200 {
+            let c = Cgroup::blkio(&l, &format!("churn{round}-{i}"));
+            c.run(&[iogen.to_str().unwrap(), &dev.path, "read", "5", "4096", "1"]);
+        }
+        let want = (round * 1000) as f64;
+        assert!(
+            eventually(|| agent.metrics().get("tracerd_records_total", &[]) >= want),
+            "never read {want} records"
+        );
+        let m = agent.metrics();
+        let labels: std::collections::BTreeSet<&String> = m
+            .samples
+            .keys()
+            .filter(|(n, _)| n == "tracerd_io_requests_total")
+            .filter_map(|(_, l)| l.get("cgroup"))
+            .collect();
+        assert!(labels.len() <= 11, "{} labels: the bound is 10, and other", labels.len());
+        assert!(m.get("tracerd_cgroup_labels", &[("state", "used")]) <= 10.0);
+        // Whatever went past the bound is under other, and counted as folded.
+        let folded = m.sum("tracerd_cgroup_folded_requests_total", &[]);
+        assert!(folded > 0.0, "200 cgroups never hit a bound of 10 (within 15 s of each other)");
+        assert_eq!(other(&m), folded, "IOs under other = IOs folded");
+        // Every cgroup went: their series expire and their names are forgotten; other stays.
+        let expired = eventually(|| {
+            let m = agent.metrics();
+            m.get("tracerd_cgroup_labels", &[("state", "used")]) == 0.0
+                && m.get("tracerd_cgroup_names", &[]) == 0.0
+        });
+        let m = agent.metrics();
+        assert!(expired, "series or names never expired: {m:?}");
+        assert!(m.get("tracerd_cgroup_series_ended_total", &[("reason", "expired")]) >= 10.0);
+        let left: Vec<_> = m
+            .samples
+            .keys()
+            .filter(|(n, _)| n == "tracerd_io_requests_total")
+            .filter_map(|(_, l)| l.get("cgroup"))
+            .filter(|c| *c != "other")
+            .collect();
+        assert!(left.is_empty(), "series of gone cgroups left: {left:?}");
+        rss.push(m.get("process_resident_memory_bytes", &[]));
+    }
+    // The first round grew what a run needs; the second must not add to it.
+    assert!(rss[1] <= rss[0] + 4.0 * 1048576.0, "RSS {} -> {} bytes over 200 more cgroups", rss[0], rss[1]);
+    println!(
+        "RSS after 200 cgroups: {:.1} MiB, after 400: {:.1} MiB",
+        rss[0] / 1048576.0,
+        rss[1] / 1048576.0
+    );
+}
