@@ -384,6 +384,7 @@ mod tests {
         assert_eq!(c.ring_buffer_bytes, Some(8 << 20));
         assert_eq!(c.recorder, RecorderLimits::default());
         assert_eq!(c.socket, Config::default().socket);
+        assert_eq!(c.cgroups, CgroupLimits::default());
     }
 
     #[test]
