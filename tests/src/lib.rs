@@ -539,6 +539,24 @@ pub fn bpf_programs_held_by(pid: i32) -> usize {
         .unwrap_or(0)
 }
 
+/// The text of a tmux session's pane, as a user sees it.
+pub fn pane(session: &str) -> String {
+    let out = Command::new("tmux").args(["capture-pane", "-p", "-t", session]).output().expect("tmux");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `tmux ARGS`, which must succeed.
+pub fn tmux(args: &[&str]) {
+    // CI runs without a terminal: tmux gets a TERM to describe its panes by.
+    let term = std::env::var("TERM").ok().filter(|t| !t.is_empty() && t != "dumb");
+    let out = Command::new("tmux")
+        .args(args)
+        .env("TERM", term.as_deref().unwrap_or("xterm-256color"))
+        .output()
+        .expect("tmux (apt install tmux)");
+    assert!(out.status.success(), "tmux {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
 /// How long a test waits for something that must happen before it calls it a hang. Only a
 /// hang may fail a test on time: no assertion depends on how fast the IO or tracerd runs, so
 /// this is far above what the slowest machine (a TCG guest on a loaded host) needs.

@@ -13,7 +13,7 @@ use std::{
 use serde_json::Value;
 use tracerd_tests::{
     HANG, LoopDevice, TempDir, Tracerd, Workload, bpf_programs_held_by, eventually, missed_completions,
-    missed_in_lost, note_missed, require_root, tracerd_bin, tracerd_output,
+    missed_in_lost, note_missed, pane, require_root, tmux, tracerd_bin, tracerd_output,
 };
 
 fn unix_now() -> f64 {
@@ -354,22 +354,6 @@ fn snoop_streams_from_the_agent_with_filters_and_no_programs_of_its_own() {
 }
 
 /// The visible screen of a tmux session.
-fn pane(session: &str) -> String {
-    let out = Command::new("tmux").args(["capture-pane", "-p", "-t", session]).output().expect("tmux");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn tmux(args: &[&str]) {
-    // CI runs without a terminal: tmux gets a TERM to describe its panes by.
-    let term = std::env::var("TERM").ok().filter(|t| !t.is_empty() && t != "dumb");
-    let out = Command::new("tmux")
-        .args(args)
-        .env("TERM", term.as_deref().unwrap_or("xterm-256color"))
-        .output()
-        .expect("tmux (apt install tmux)");
-    assert!(out.status.success(), "tmux {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
-
 /// The screen line of each device's first row (None if not shown).
 fn row_of(screen: &str, dev: &str) -> Option<usize> {
     screen.lines().position(|l| l.starts_with(&format!("{dev} ")))
