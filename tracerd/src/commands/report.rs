@@ -1052,6 +1052,8 @@ async fn intervals_standalone(session: &mut Session, every: Interval, view: View
 /// An aggregate reported and started afresh every interval (`report --interval`, `top`).
 pub struct Rolling {
     agg: Aggregator,
+    /// Per-cgroup aggregates too, once asked for (`top`'s `c`).
+    cgroups: ByCgroup,
     /// The lost-event counters when the interval began.
     base: Lost,
     started: Instant,
@@ -1062,6 +1064,7 @@ impl Rolling {
     pub fn new(session: &Session, by_qd: bool) -> Result<Rolling> {
         Ok(Rolling {
             agg: Aggregator::new(by_qd),
+            cgroups: ByCgroup::new(None),
             base: session.lost()?,
             started: Instant::now(),
             kernel: kernel_release(),
@@ -1075,6 +1078,14 @@ impl Rolling {
         ops: &crate::model::op::OpDecoder,
     ) {
         self.agg.add(io.target, ops.op(io.rec.cmd_flags), io.rec, io.layers, |d| topo.name_of(d));
+        self.cgroups.add(io, ops.op(io.rec.cmd_flags), topo);
+    }
+
+    /// Splits the following intervals per cgroup too (labelled by path), or stops.
+    pub fn by_cgroup(&mut self, on: bool) {
+        if on != self.cgroups.form.is_some() {
+            self.cgroups = ByCgroup::new(on.then_some(LabelForm::Path));
+        }
     }
 
     /// The interval so far as a report; the next one begins.
@@ -1090,7 +1101,8 @@ impl Rolling {
             &self.kernel,
             elapsed,
             hist,
-        );
+        )
+        .with_cgroups(&std::mem::take(&mut self.cgroups.aggs), &session.topo, hist);
         (self.agg, self.base, self.started) = (Aggregator::new(self.agg.by_qd), now, Instant::now());
         Ok(report)
     }
@@ -1107,9 +1119,11 @@ fn show_window(
     window_report(w, view, save, selection, socket, true)?.print(view)
 }
 
-/// A window of the agent's recorder as a report of the devices selected (`top`).
+/// A window of the agent's recorder as a report of the devices selected (`top`), per cgroup
+/// too when the window has them.
 pub fn window_report_for(w: api::WindowAnswer, selection: &Selection, socket: &Path) -> Result<Report> {
-    window_report(w, View::default(), None, selection, socket, false)
+    let by_cgroup = (!w.by_cgroup.is_empty()).then_some(LabelForm::Path);
+    window_report(w, View { by_cgroup, ..View::default() }, None, selection, socket, false)
 }
 
 /// A window of the agent's recorder as a report of the devices selected (and saved), with

@@ -61,6 +61,8 @@ struct View {
     /// Where the numbers come from, for the title.
     source: String,
     report: Option<Report>,
+    /// A row per device, op and cgroup (`c`).
+    by_cgroup: bool,
 }
 
 /// One row: a device and op, `depth` levels under the device stacked on it.
@@ -69,6 +71,8 @@ struct RowData {
     depth: usize,
     device: String,
     label: String,
+    /// The cgroup, in the view by cgroup.
+    cgroup: Option<String>,
     op: &'static str,
     iops: f64,
     bytes_per_second: f64,
@@ -84,6 +88,7 @@ impl RowData {
             depth,
             device: d.device.clone(),
             label: d.label.clone(),
+            cgroup: None,
             op: op.op.as_str(),
             iops: op.iops,
             bytes_per_second: op.bytes_per_second,
@@ -120,6 +125,7 @@ impl View {
             color,
             source: String::new(),
             report: None,
+            by_cgroup: false,
         }
     }
 
@@ -138,6 +144,9 @@ impl View {
     /// largest op, each followed by the devices below it, indented.
     fn rows(&self) -> Vec<RowData> {
         let Some(report) = &self.report else { return vec![] };
+        if self.by_cgroup {
+            return self.cgroup_rows(report);
+        }
         let shown = |d: &DeviceReport| self.filter.is_empty() || d.label.contains(&self.filter);
         let is_lower = |name: &str| report.devices.iter().any(|u| u.lowers.iter().any(|l| l == name));
         let mut tops: Vec<&DeviceReport> =
@@ -161,6 +170,34 @@ impl View {
                     self.tree(report, d, 0, &mut rows);
                 }
             }
+        }
+        rows
+    }
+
+    /// A row per cgroup, device and op (no trees: a cgroup's IO on a stack is on each layer),
+    /// the filter matching the cgroup or the device.
+    fn cgroup_rows(&self, report: &Report) -> Vec<RowData> {
+        let mut rows: Vec<RowData> = Vec::new();
+        for c in &report.by_cgroup {
+            for d in &c.devices {
+                if !self.filter.is_empty()
+                    && !d.label.contains(&self.filter)
+                    && !c.cgroup.contains(&self.filter)
+                {
+                    continue;
+                }
+                for op in &d.ops {
+                    let mut row = RowData::of(0, d, op, self.stage);
+                    row.cgroup =
+                        Some(if c.cgroup.is_empty() { "(unknown)".into() } else { c.cgroup.clone() });
+                    rows.push(row);
+                }
+            }
+        }
+        if self.sort == Sort::Name {
+            rows.sort_by(|a, b| (&a.cgroup, &a.device).cmp(&(&b.cgroup, &b.device)));
+        } else {
+            rows.sort_by(|a, b| b.key(self.sort).total_cmp(&a.key(self.sort)).then(a.cgroup.cmp(&b.cgroup)));
         }
         rows
     }
@@ -207,6 +244,7 @@ impl View {
             }
             KeyCode::Char(c @ '1'..='7') => self.stage = STAGES[c as usize - '1' as usize],
             KeyCode::Char('p') | KeyCode::Char(' ') => self.paused = !self.paused,
+            KeyCode::Char('c') => self.by_cgroup = !self.by_cgroup,
             KeyCode::Char('/') => (self.typing, self.filter) = (true, String::new()),
             KeyCode::Char('h') | KeyCode::Char('?') => self.help = true,
             _ => {}
@@ -242,20 +280,15 @@ impl View {
             title,
         );
         let stage = self.stage.as_str().to_uppercase();
-        let header = Row::new(
-            [
-                "DEVICE",
-                "OP",
-                "IOPS",
-                "BYTES/S",
-                "QD",
-                &format!("{stage} p50"),
-                &format!("{stage} p99"),
-                "Q2C p99",
-            ]
-            .map(|h| Cell::from(h.to_owned())),
-        )
-        .style(self.look(Look::new().add_modifier(Modifier::BOLD | Modifier::REVERSED)));
+        let (p50, p99) = (format!("{stage} p50"), format!("{stage} p99"));
+        // By cgroup, the cgroup takes the room of the bytes column (80 columns hold the rest).
+        let names: Vec<&str> = if self.by_cgroup {
+            vec!["CGROUP", "DEVICE", "OP", "IOPS", "QD", &p50, &p99, "Q2C p99"]
+        } else {
+            vec!["DEVICE", "OP", "IOPS", "BYTES/S", "QD", &p50, &p99, "Q2C p99"]
+        };
+        let header = Row::new(names.into_iter().map(|h| Cell::from(h.to_owned())))
+            .style(self.look(Look::new().add_modifier(Modifier::BOLD | Modifier::REVERSED)));
         let time = |s: Option<f64>| s.map_or("-".to_string(), |s| units::duration_ns(s * 1e9));
         let rows: Vec<Row> = self
             .rows()
@@ -265,11 +298,19 @@ impl View {
                     0 => r.label.clone(),
                     n => format!("{}└─{}", "  ".repeat(n - 1), r.label),
                 };
+                let (first, second) = match &r.cgroup {
+                    Some(c) => (end_of(c, 20), name),
+                    None => (name, r.op.to_owned()),
+                };
+                let middle = match &r.cgroup {
+                    Some(_) => [r.op.to_owned(), format!("{:.0}", r.iops)],
+                    None => [format!("{:.0}", r.iops), units::bytes(r.bytes_per_second)],
+                };
                 Row::new([
-                    name,
-                    r.op.to_owned(),
-                    format!("{:.0}", r.iops),
-                    units::bytes(r.bytes_per_second),
+                    first,
+                    second,
+                    middle[0].clone(),
+                    middle[1].clone(),
                     r.queue_depth.map_or("-".into(), |q| format!("{q:.1}")),
                     time(r.p50_s),
                     time(r.p99_s),
@@ -277,21 +318,15 @@ impl View {
                 ])
             })
             .collect();
-        let widths = [
-            Constraint::Length(16),
-            Constraint::Length(7),
-            Constraint::Length(8),
-            Constraint::Length(9),
-            Constraint::Length(5),
-            Constraint::Length(9),
-            Constraint::Length(9),
-            Constraint::Length(9),
-        ];
+        let widths = if self.by_cgroup { [20, 8, 6, 7, 5, 9, 9, 9] } else { [16, 7, 8, 9, 5, 9, 9, 9] }
+            .map(Constraint::Length);
         let empty = rows.is_empty();
         frame.render_widget(Table::new(rows, widths).header(header), table);
         if empty {
             let why = if self.report.is_none() {
                 "waiting for the first second..."
+            } else if self.by_cgroup && self.source.starts_with("agent") {
+                "no IO, or the agent keeps no per-cgroup series (its config's [cgroups] label)"
             } else {
                 "no IO on the traced devices"
             };
@@ -309,7 +344,7 @@ impl View {
         };
         frame.render_widget(
             Paragraph::new(Line::from(format!(
-                "{lost}  q quit  s sort  tab stage  / filter  p pause  h help"
+                "{lost}  q quit  s sort  tab stage  c cgroups  / filter  p pause  h help"
             )))
             .style(self.look(look)),
             footer,
@@ -318,12 +353,13 @@ impl View {
             let text = "tracerd top: one row per device and op, a second at a time\n\n\
                         s      sort by: Q2C p99, stage p99, IOPS, bytes/s, queue depth, name\n\
                         tab    the stage of the two percentile columns (1-7: Q2G .. Q2C)\n\
+                        c      a row per cgroup, device and op (again: per device)\n\
                         /      show devices whose name holds a text (Enter keeps it, Esc clears)\n\
                         p      pause (space too)\n\
                         q      quit (Esc, Ctrl-C too)\n\n\
                         Stacked devices (md, dm) are shown over the devices below them.\n\
                         any key closes this help";
-            let area = Rect { x: 1, y: 2, width: frame.area().width.saturating_sub(2).min(78), height: 12 }
+            let area = Rect { x: 1, y: 2, width: frame.area().width.saturating_sub(2).min(78), height: 13 }
                 .intersection(frame.area());
             frame.render_widget(Clear, area);
             frame.render_widget(
@@ -369,6 +405,16 @@ pub async fn top(color: bool, selection: Selection, opts: LoadOptions, attach: O
     }
 }
 
+/// The last `width` characters of `s`, marked with a leading `…` where cut: a cgroup path's
+/// end names it (the unit, the container).
+fn end_of(s: &str, width: usize) -> String {
+    let n = s.chars().count();
+    if n <= width {
+        return s.to_owned();
+    }
+    std::iter::once('…').chain(s.chars().skip(n - width + 1)).collect()
+}
+
 /// Reads keys that are waiting; true to quit.
 fn keys(view: &mut View) -> Result<bool> {
     while event::poll(Duration::ZERO)? {
@@ -405,7 +451,8 @@ async fn from_agent(
             _ = second.tick() => {
                 let now: api::Status = api::call(socket, &api::Request::Status {}, "status")?;
                 if let Some(newest) = now.recorder.to_unix_s.filter(|&t| t > from) {
-                    let request = api::Request::Window { from_unix_s: from, to_unix_s: newest, by_cgroup: false };
+                    let request =
+                        api::Request::Window { from_unix_s: from, to_unix_s: newest, by_cgroup: view.by_cgroup };
                     let w: api::WindowAnswer = api::call(socket, &request, "window")?;
                     from = newest;
                     if !view.paused {
@@ -446,6 +493,7 @@ async fn standalone(
             _ = second.tick() => {
                 session.refresh_devices()?;
                 let report = rolling.roll(session, None)?;
+                rolling.by_cgroup(view.by_cgroup);
                 if !view.paused {
                     view.report = Some(report);
                 }
@@ -501,6 +549,32 @@ mod tests {
         assert!(!v.key(KeyCode::Char('x'), KeyModifiers::NONE) && !v.help, "any key closes help");
         assert!(v.key(KeyCode::Char('q'), KeyModifiers::NONE));
         assert!(v.key(KeyCode::Char('c'), KeyModifiers::CONTROL));
+    }
+
+    #[test]
+    fn c_shows_a_row_per_cgroup_device_and_op() {
+        let (agg, topo, lost) = capture(300).to_aggregate();
+        let (few, _, _) = capture(10).to_aggregate();
+        let long = format!("/kubepods.slice/{}/cri-containerd-abc.scope", "x".repeat(40));
+        let cgroups = [("/a".to_owned(), agg.clone()), (long.clone(), few)].into_iter().collect();
+        let r = Report::build(&agg, &topo, &lost, &[], "6.18", 1.0).with_cgroups(&cgroups, &topo, None);
+        let mut v = view(r);
+        let per_device = v.rows().len();
+        v.key(KeyCode::Char('c'), KeyModifiers::NONE);
+        let rows = v.rows();
+        assert_eq!(rows.len(), 2 * per_device, "{rows:?}");
+        assert!(rows.iter().all(|r| r.depth == 0 && r.cgroup.is_some()));
+        // Sorted by Q2C p99 across cgroups; `/` filters on the cgroup too.
+        v.key(KeyCode::Char('/'), KeyModifiers::NONE);
+        for ch in "cri-".chars() {
+            v.key(KeyCode::Char(ch), KeyModifiers::NONE);
+        }
+        v.key(KeyCode::Enter, KeyModifiers::NONE);
+        assert!(v.rows().iter().all(|r| r.cgroup.as_deref() == Some(long.as_str())), "{:?}", v.rows());
+        assert_eq!(end_of(&long, 20).chars().count(), 20);
+        assert!(end_of(&long, 20).starts_with('…') && end_of(&long, 20).ends_with("abc.scope"));
+        v.key(KeyCode::Char('c'), KeyModifiers::NONE);
+        assert!(v.rows().iter().all(|r| r.cgroup.is_none()), "c again: per device");
     }
 
     #[test]
