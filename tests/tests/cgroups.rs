@@ -234,7 +234,10 @@ fn direct_ios_from_two_cgroups_are_counted_under_each_exactly() {
 fn buffered_writes_are_charged_to_the_cgroup_that_dirtied_them() {
     require_root();
     let l = layout();
-    let dev = LoopDevice::new(64);
+    // Never written before: an inode keeps the cgroup of its first dirtier for writeback, and
+    // sfdisk in another test may have dirtied loop0's.
+    let fresh = LoopDevice::fresh(64);
+    let dev = &fresh.0;
     let tmp = TempDir::new();
     let agent =
         Tracerd::run(&["--config", &config(&tmp, "[cgroups]\nlabel = \"path\"\n"), "--device", &dev.name]);
@@ -254,7 +257,8 @@ fn buffered_writes_are_charged_to_the_cgroup_that_dirtied_them() {
     };
     let counted = eventually(|| written(&agent.metrics(), owner) == (256 * 4096) as f64);
     let m = agent.metrics();
-    assert!(counted, "1 MiB of writeback never counted under {owner}: {m:?}");
+    let writes: Vec<_> = m.samples.iter().filter(|((n, _), _)| n == "tracerd_io_bytes_total").collect();
+    assert!(counted, "1 MiB of writeback on {} never counted under {owner}: {writes:?}", dev.name);
     assert_eq!(
         m.sum("tracerd_io_bytes_total", &[("device", &dev.name), ("op", "write")]),
         (256 * 4096) as f64
@@ -349,4 +353,68 @@ fn short_lived_cgroups_stay_within_the_bound_expire_and_leak_nothing() {
         rss[0] / 1048576.0,
         rss[1] / 1048576.0
     );
+}
+
+#[test]
+fn top_shows_a_row_per_cgroup_on_c() {
+    require_root();
+    let l = layout();
+    let dev = LoopDevice::new(64);
+    let tmp = TempDir::new();
+    let agent =
+        Tracerd::run(&["--config", &config(&tmp, "[cgroups]\nlabel = \"path\"\n"), "--device", &dev.name]);
+    let socket = agent.socket.clone().unwrap();
+    let (a, b) = (Cgroup::blkio(&l, "top-a"), Cgroup::v2(&l, "top-b"));
+    // Reads from both cgroups all along, until the screen has been read.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let iogen = iogen_bin().display().to_string();
+    let load: Vec<_> = [a.dir.join("cgroup.procs"), b.dir.join("cgroup.procs")]
+        .into_iter()
+        .map(|procs| {
+            let (stop, iogen, path) = (stop.clone(), iogen.clone(), dev.path.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let script =
+                        format!("echo $$ > {} && exec {iogen} {path} read 200 4096 1", procs.display());
+                    let _ = Command::new("sh").args(["-c", &script]).output();
+                }
+            })
+        })
+        .collect();
+    let session = format!("tracerd-top-cg-{}", std::process::id());
+    let command = format!(
+        "{} top --socket {} --device {}; echo TOP-EXITED $?; sleep 600",
+        tracerd_tests::tracerd_bin().display(),
+        socket.display(),
+        dev.name
+    );
+    tracerd_tests::tmux(&["new-session", "-d", "-s", &session, "-x", "80", "-y", "24", &command]);
+    // top shows a path's end (20 columns): the test cgroups' names end in the test's pid.
+    let shown =
+        |c: &Cgroup| c.path.chars().rev().take(19).collect::<Vec<_>>().into_iter().rev().collect::<String>();
+    let (shown_a, shown_b) = (shown(&a), shown(&b));
+    let mut screen = String::new();
+    let per_device = eventually(|| {
+        screen = tracerd_tests::pane(&session);
+        screen.lines().any(|l| l.starts_with(&format!("{} ", dev.name)))
+    });
+    tracerd_tests::tmux(&["send-keys", "-t", &session, "c"]);
+    let per_cgroup = eventually(|| {
+        screen = tracerd_tests::pane(&session);
+        screen.contains("CGROUP") && screen.contains(&shown_a) && screen.contains(&shown_b)
+    });
+    tracerd_tests::tmux(&["send-keys", "-t", &session, "q"]);
+    let left = eventually(|| tracerd_tests::pane(&session).contains("TOP-EXITED 0"));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = Command::new("tmux").args(["kill-session", "-t", &session]).output();
+    for t in load {
+        t.join().unwrap();
+    }
+    assert!(per_device, "top never showed {}:\n{screen}", dev.name);
+    assert!(per_cgroup, "`c` never showed a row for {} and for {}:\n{screen}", a.path, b.path);
+    assert!(screen.lines().all(|l| l.chars().count() <= 80), "fits 80 columns:\n{screen}");
+    let row = screen.lines().find(|l| l.contains(&shown_a)).unwrap();
+    assert!(row.contains(&dev.name) && row.contains("read"), "{row}");
+    assert!(left, "`q` did not end top with status 0");
+    println!("{screen}");
 }
