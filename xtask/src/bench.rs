@@ -38,6 +38,9 @@ enum Variant {
     /// The agent with every IO as a record (`--aggregation records`), as before the kernel
     /// aggregated: what in-kernel aggregation saves.
     TracerdRunRecords,
+    /// The agent with a cgroup label (`[cgroups] label = "path"`): every IO as a record,
+    /// aggregated per cgroup too.
+    TracerdRunCgroups,
     TracerdSnoop,
     TracerdReport,
     Biolatency,
@@ -50,6 +53,7 @@ impl Variant {
             Variant::None => "no tracer",
             Variant::TracerdRun => "tracerd run",
             Variant::TracerdRunRecords => "run (records)",
+            Variant::TracerdRunCgroups => "run (cgroups)",
             Variant::TracerdSnoop => "tracerd snoop",
             Variant::TracerdReport => "tracerd report",
             Variant::Biolatency => "biolatency",
@@ -58,10 +62,11 @@ impl Variant {
     }
 }
 
-const ALL: [Variant; 7] = [
+const ALL: [Variant; 8] = [
     Variant::None,
     Variant::TracerdRun,
     Variant::TracerdRunRecords,
+    Variant::TracerdRunCgroups,
     Variant::TracerdSnoop,
     Variant::TracerdReport,
     Variant::Biolatency,
@@ -254,13 +259,17 @@ impl Tracer {
         let file = |p: &Path| fs::File::create(p).map(Stdio::from);
         let (mut child, ready_file, ready) = match variant {
             Variant::None => return Ok(Tracer { child: None, programs: vec![], metrics: None, stderr: err }),
-            Variant::TracerdRun | Variant::TracerdRunRecords => (
+            Variant::TracerdRun | Variant::TracerdRunRecords | Variant::TracerdRunCgroups => (
                 Command::new(tracerd_bin())
                     .args(["run", "--listen", &format!("127.0.0.1:{port}")])
-                    .args(if variant == Variant::TracerdRun {
-                        &[][..]
-                    } else {
-                        &["--aggregation", "records"]
+                    .args(match variant {
+                        Variant::TracerdRunRecords => vec!["--aggregation".into(), "records".into()],
+                        Variant::TracerdRunCgroups => {
+                            let config = dir.join("cgroups.toml");
+                            fs::write(&config, "[cgroups]\nlabel = \"path\"\n")?;
+                            vec!["--config".to_owned(), config.display().to_string()]
+                        }
+                        _ => vec![],
                     })
                     .stdout(file(&out)?)
                     .stderr(file(&err)?)
@@ -311,8 +320,9 @@ impl Tracer {
         }
         sleep(Duration::from_millis(500));
         let programs = bpf_programs()?.iter().map(|p| p.0).filter(|id| !before.contains(id)).collect();
-        let metrics = matches!(variant, Variant::TracerdRun | Variant::TracerdRunRecords)
-            .then(|| format!("127.0.0.1:{port}"));
+        let metrics =
+            matches!(variant, Variant::TracerdRun | Variant::TracerdRunRecords | Variant::TracerdRunCgroups)
+                .then(|| format!("127.0.0.1:{port}"));
         Ok(Tracer { child: Some(child), programs, metrics, stderr: err })
     }
 
