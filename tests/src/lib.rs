@@ -135,12 +135,13 @@ impl LoopDevice {
     }
 }
 
-/// A [`LoopDevice::fresh`] one: detached, then removed, on drop.
+/// A [`LoopDevice::fresh`] one: detached, then removed, on drop (the inner device's own drop
+/// then finds nothing to detach).
 pub struct FreshLoopDevice(pub LoopDevice);
 
 impl Drop for FreshLoopDevice {
     fn drop(&mut self) {
-        let _ = Command::new("losetup").args(["-d", &self.0.path]).status();
+        let _ = Command::new("losetup").args(["-d", &self.0.path]).output();
         remove_loop_device(&self.0.name);
     }
 }
@@ -159,7 +160,7 @@ pub fn remove_loop_device(name: &str) {
 
 impl Drop for LoopDevice {
     fn drop(&mut self) {
-        let _ = Command::new("losetup").args(["-d", &self.path]).status();
+        let _ = Command::new("losetup").args(["-d", &self.path]).output();
         let _ = fs::remove_file(&self.backing);
     }
 }

@@ -337,4 +337,8 @@ fn cgroup_tests_pass_on_cgroup_v2_with_writeback() {
     // The guest runs v2 with io and memory: the writeback test must have met the dirtying
     // cgroup, not the root (which is what a v1 blkio host gives).
     assert!(out.contains("cgroup writeback: on (v2 io+memory)"), "{out}");
+    assert!(
+        out.contains("SKIPPED top_shows_a_row_per_cgroup_on_c"),
+        "only the tmux test may skip, loudly:\n{out}"
+    );
 }

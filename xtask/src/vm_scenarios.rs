@@ -150,7 +150,7 @@ fn cgroup_tests() -> String {
         r#"mkdir -p /dev/shm && mountpoint -q /dev/shm || mount -t tmpfs tmpfs /dev/shm
 ip link set lo up
 echo "VM-RESULT-BEGIN cgroup_tests"
-TRACERD_BIN=/bin/tracerd PATH=/usr/local/sbin:/usr/local/bin:$PATH \
+TRACERD_BIN=/bin/tracerd TRACERD_TEST_NO_TMUX=1 PATH=/usr/local/sbin:/usr/local/bin:$PATH \
     /t/deps/cgroups --test-threads=1 --show-output 2>&1
 echo "cgroup tests exit status: $?"
 echo "VM-RESULT-END cgroup_tests""#,
