@@ -116,11 +116,17 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
     let check = RefCell::new(Check::default());
     let on_io = |io: &Io, topo: &Topology| {
         let op = ops.op(io.rec.cmd_flags);
+        // The IO's cgroup. A slow IO of the in-kernel aggregation comes without one (the queue
+        // program reads it only for records and streams): its task's, if it is still there.
+        let named = if io.rec.cgroup == 0 && io.rec.flags & flag::IN_KERNEL != 0 && io.rec.pid != 0 {
+            crate::kernel::cgroupfs::of_task(io.rec.pid)
+        } else {
+            cgroup_names.borrow_mut().of(io.rec)
+        };
         if shared.stream_count.load(Relaxed) > 0 {
-            stream(&shared, io, topo, &ops, &cgroup_names);
+            stream(&shared, io, topo, &ops, &named);
         }
-        keep_if_slow(&shared, io, topo, &ops, &cgroup_names);
-        let named = cgroup_names.borrow_mut().of(io.rec);
+        keep_if_slow(&shared, io, topo, &ops, &named);
         let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
         // The series the IO was counted in (its cgroup label, where series carry one).
         let mut label = None;
@@ -276,13 +282,7 @@ fn exemplar_comm(rec: &tracer_common::IoRecord) -> Option<Arc<str>> {
 /// Keeps the IO whole if it is among its device's slowest of the minute. The agent's queue
 /// program does not copy the submitter's comm: it is read from /proc now ("?" if the task is
 /// gone).
-fn keep_if_slow(
-    shared: &api::Shared,
-    io: &Io,
-    topo: &Topology,
-    ops: &OpDecoder,
-    cgroups: &RefCell<CgroupNames>,
-) {
+fn keep_if_slow(shared: &api::Shared, io: &Io, topo: &Topology, ops: &OpDecoder, named: &Named) {
     use crate::model::stage::Stage;
     if io.rec.kind == kind::MERGE {
         return;
@@ -293,8 +293,7 @@ fn keep_if_slow(
         return;
     }
     let device = topo.name_of(io.target);
-    let named = cgroups.borrow_mut().of(io.rec);
-    let line = snoop::line(&device, io, ops, topo, snoop::cgroup_text(&named));
+    let line = snoop::line(&device, io, ops, topo, snoop::cgroup_text(named));
     let mut line = serde_json::to_value(line).unwrap_or_default();
     if line["comm"] == "" && io.rec.pid != 0 {
         let comm = std::fs::read_to_string(format!("/proc/{}/comm", io.rec.pid));
@@ -313,14 +312,13 @@ fn set_slow_bars(session: &mut Session, shared: &api::Shared) -> Result<()> {
 }
 
 /// Sends one IO to every stream whose filter it passes, as a `snoop --json` line.
-fn stream(shared: &api::Shared, io: &Io, topo: &Topology, ops: &OpDecoder, cgroups: &RefCell<CgroupNames>) {
+fn stream(shared: &api::Shared, io: &Io, topo: &Topology, ops: &OpDecoder, named: &Named) {
     let streams = shared.streams.lock().unwrap_or_else(|e| e.into_inner());
     let device = topo.name_of(io.target);
     let mut line: Option<String> = None;
     for s in streams.iter().filter(|s| s.filter.passes(&device, io.rec)) {
         let line = line.get_or_insert_with(|| {
-            let named = cgroups.borrow_mut().of(io.rec);
-            let snooped = snoop::line(&device, io, ops, topo, snoop::cgroup_text(&named));
+            let snooped = snoop::line(&device, io, ops, topo, snoop::cgroup_text(named));
             let mut l = serde_json::to_string(&snooped).unwrap_or_default();
             l.push('\n');
             l

@@ -183,7 +183,8 @@ pub fn line<'a>(
         comm: comm(rec),
         cgroup,
         cgroup_id: rec.cgroup,
-        cgroup_from: if rec.flags & flag::CGROUP_TASK != 0 { "task" } else { "blkcg" },
+        // No id: the daemon named the task's cgroup from /proc (a slow IO of the agent).
+        cgroup_from: if rec.flags & flag::CGROUP_TASK != 0 || rec.cgroup == 0 { "task" } else { "blkcg" },
         path: path(rec),
         requeued: rec.flags & flag::REQUEUED != 0,
         split: rec.flags & flag::SPLIT != 0,

@@ -219,6 +219,13 @@ impl CgroupNames {
     }
 }
 
+/// The v2 cgroup of a live task, from /proc (a slow IO of the in-kernel aggregation, whose
+/// queue program reads no cgroup): its path, or Gone if the task is.
+pub fn of_task(pid: u32) -> Named {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else { return Named::Gone };
+    text.lines().find_map(|l| l.strip_prefix("0::")).map_or(Named::Unknown, |p| Named::Path(p.into()))
+}
+
 /// The path of cgroup `id` under `root`, opening it by its kernfs file handle. Ok(None): no
 /// such cgroup (any more); Err: handles are refused here.
 fn by_handle(root: &Path, id: u64) -> std::io::Result<Option<Arc<str>>> {
