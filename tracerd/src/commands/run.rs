@@ -116,17 +116,16 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
     let check = RefCell::new(Check::default());
     let on_io = |io: &Io, topo: &Topology| {
         let op = ops.op(io.rec.cmd_flags);
-        // The IO's cgroup. A slow IO of the in-kernel aggregation comes without one (the queue
-        // program reads it only for records and streams): its task's, if it is still there.
-        let named = if io.rec.cgroup == 0 && io.rec.flags & flag::IN_KERNEL != 0 && io.rec.pid != 0 {
-            crate::kernel::cgroupfs::of_task(io.rec.pid)
-        } else {
-            cgroup_names.borrow_mut().of(io.rec)
-        };
+        // A slow IO of the in-kernel aggregation comes without comm and cgroup (the queue
+        // program reads them only for records and streams): they are read from /proc, and
+        // only for the IOs kept as the minute's slowest (a read per record would slow the
+        // reader at the start of every minute, when the bar is low).
+        let from_proc = io.rec.flags & flag::IN_KERNEL != 0 && io.rec.cgroup == 0;
+        let named = if from_proc { Named::Unknown } else { cgroup_names.borrow_mut().of(io.rec) };
         if shared.stream_count.load(Relaxed) > 0 {
             stream(&shared, io, topo, &ops, &named);
         }
-        keep_if_slow(&shared, io, topo, &ops, &named);
+        let kept = keep_if_slow(&shared, io, topo, &ops, (!from_proc).then_some(&named));
         let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
         // The series the IO was counted in (its cgroup label, where series carry one).
         let mut label = None;
@@ -155,13 +154,21 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
                 wants_series.borrow_mut().insert(io.target);
             }
         }
+        // Exemplars: every IO seen whole with its names; of the agent's slow IOs, those kept.
+        let (comm, named) = match (from_proc, kept) {
+            (false, _) => {
+                let comm = crate::kernel::record::comm(io.rec);
+                ((!comm.is_empty()).then(|| comm.into()), named)
+            }
+            (true, Some(kept)) => kept,
+            (true, None) => return,
+        };
         if aggregation != Aggregation::Check {
             let cgroup: Arc<str> = match (&named, &st.cgroups) {
                 (Named::Path(p), Some(c)) => c.limits.label.label(p).into(),
                 (Named::Path(p), None) => p.clone(),
                 (other, _) => snoop::cgroup_text(other).into(),
             };
-            let comm = exemplar_comm(io.rec);
             st.exemplars.offer((io.target, op, label), io.rec, comm, cgroup, unix_ms() as f64 / 1e3);
         }
     };
@@ -265,41 +272,37 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
     Ok(())
 }
 
-/// The submitter's name for an exemplar: the record's, or for a slow IO of the in-kernel
-/// aggregation (whose queue program reads no comm) the task's now, if it is still there.
-fn exemplar_comm(rec: &tracer_common::IoRecord) -> Option<Arc<str>> {
-    let comm = crate::kernel::record::comm(rec);
-    if !comm.is_empty() {
-        return Some(comm.into());
-    }
-    if rec.flags & flag::IN_KERNEL == 0 || rec.pid == 0 {
-        return None;
-    }
-    let c = std::fs::read_to_string(format!("/proc/{}/comm", rec.pid)).ok()?;
-    Some(c.trim_end().into())
-}
-
 /// Keeps the IO whole if it is among its device's slowest of the minute. The agent's queue
 /// program does not copy the submitter's comm: it is read from /proc now ("?" if the task is
 /// gone).
-fn keep_if_slow(shared: &api::Shared, io: &Io, topo: &Topology, ops: &OpDecoder, named: &Named) {
+fn keep_if_slow(
+    shared: &api::Shared,
+    io: &Io,
+    topo: &Topology,
+    ops: &OpDecoder,
+    named: Option<&Named>,
+) -> Option<(Option<Arc<str>>, Named)> {
     use crate::model::stage::Stage;
     if io.rec.kind == kind::MERGE {
-        return;
+        return None;
     }
-    let Some(took) = Stage::Q2c.of(io.rec).or_else(|| Stage::D2c.of(io.rec)) else { return };
+    let took = Stage::Q2c.of(io.rec).or_else(|| Stage::D2c.of(io.rec))?;
     let mut slowest = shared.slowest.lock().unwrap_or_else(|e| e.into_inner());
     if !slowest.wants(io.target, took) {
-        return;
+        return None;
     }
+    // Without names in the record: the task's, read now ("?" / gone if it has exited).
+    let named = named.cloned().unwrap_or_else(|| crate::kernel::cgroupfs::of_task(io.rec.pid));
     let device = topo.name_of(io.target);
-    let line = snoop::line(&device, io, ops, topo, snoop::cgroup_text(named));
+    let line = snoop::line(&device, io, ops, topo, snoop::cgroup_text(&named));
     let mut line = serde_json::to_value(line).unwrap_or_default();
     if line["comm"] == "" && io.rec.pid != 0 {
         let comm = std::fs::read_to_string(format!("/proc/{}/comm", io.rec.pid));
         line["comm"] = comm.map_or_else(|_| "?".to_owned(), |c| c.trim_end().to_owned()).into();
     }
     slowest.offer(io.target, &device, took, &line);
+    let comm = line["comm"].as_str().filter(|c| !c.is_empty() && *c != "?").map(Arc::from);
+    Some((comm, named))
 }
 
 /// Writes the slow-IO bars the tracker asked for into the kernel.
