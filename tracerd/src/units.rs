@@ -242,6 +242,16 @@ pub fn rfc3339(unix_s: f64) -> String {
     format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", day_s / 3600, day_s % 3600 / 60, day_s % 60)
 }
 
+/// `s` in at most `max` characters: where longer, its end (a cgroup path's end names it: the
+/// unit, the container), marked with a leading `…`.
+pub fn keep_end(s: &str, max: usize) -> String {
+    let n = s.chars().count();
+    if n <= max {
+        return s.to_owned();
+    }
+    std::iter::once('…').chain(s.chars().skip(n - max.saturating_sub(1))).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

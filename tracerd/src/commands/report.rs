@@ -891,8 +891,7 @@ impl ByCgroup {
         let (Some(form), Some(names)) = (self.form, &mut self.names) else { return };
         let label = match names.of(io.rec) {
             Named::Path(p) => form.label(&p),
-            Named::Gone => "?".into(),
-            Named::Unknown => String::new(),
+            other => crate::commands::snoop::cgroup_text(&other).to_owned(),
         };
         self.aggs.entry(label).or_default().add(io.target, op, io.rec, io.layers, |d| topo.name_of(d));
     }

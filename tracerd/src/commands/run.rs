@@ -129,6 +129,7 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
         let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
         // The series the IO was counted in (its cgroup label, where series carry one).
         let mut label = None;
+        let mut named_label: Option<Arc<str>> = None;
         if io.rec.flags & flag::IN_KERNEL != 0 {
             // Counted in the kernel already: here for the check, or for a stream (and as a
             // slow IO, for the exemplars).
@@ -142,6 +143,8 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
                 let l = c.limits.label_of(&named);
                 let now = std::time::Instant::now();
                 let counted = c.add(io.target, op, io.rec, l.as_deref().map_err(|e| *e), now);
+                // Built once per IO: the exemplar below names the cgroup with it too.
+                named_label = l.ok().map(Arc::from);
                 // The recorder keeps the cgroup's series too: `report --since 10m --by cgroup`.
                 frame.borrow_mut().add_cgroup_record(io.target, op, counted.clone(), io.rec);
                 label = Some(counted);
@@ -165,7 +168,7 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
         };
         if aggregation != Aggregation::Check {
             let cgroup: Arc<str> = match (&named, &st.cgroups) {
-                (Named::Path(p), Some(c)) => c.limits.label.label(p).into(),
+                (Named::Path(p), Some(c)) => named_label.unwrap_or_else(|| c.limits.label.label(p).into()),
                 (Named::Path(p), None) => p.clone(),
                 (other, _) => snoop::cgroup_text(other).into(),
             };

@@ -299,7 +299,7 @@ impl View {
                     n => format!("{}└─{}", "  ".repeat(n - 1), r.label),
                 };
                 let (first, second) = match &r.cgroup {
-                    Some(c) => (end_of(c, 20), name),
+                    Some(c) => (units::keep_end(c, 20), name),
                     None => (name, r.op.to_owned()),
                 };
                 let middle = match &r.cgroup {
@@ -403,16 +403,6 @@ pub async fn top(color: bool, selection: Selection, opts: LoadOptions, attach: O
             r
         }
     }
-}
-
-/// The last `width` characters of `s`, marked with a leading `…` where cut: a cgroup path's
-/// end names it (the unit, the container).
-fn end_of(s: &str, width: usize) -> String {
-    let n = s.chars().count();
-    if n <= width {
-        return s.to_owned();
-    }
-    std::iter::once('…').chain(s.chars().skip(n - width + 1)).collect()
 }
 
 /// Reads keys that are waiting; true to quit.
@@ -571,8 +561,10 @@ mod tests {
         }
         v.key(KeyCode::Enter, KeyModifiers::NONE);
         assert!(v.rows().iter().all(|r| r.cgroup.as_deref() == Some(long.as_str())), "{:?}", v.rows());
-        assert_eq!(end_of(&long, 20).chars().count(), 20);
-        assert!(end_of(&long, 20).starts_with('…') && end_of(&long, 20).ends_with("abc.scope"));
+        assert_eq!(units::keep_end(&long, 20).chars().count(), 20);
+        assert!(
+            units::keep_end(&long, 20).starts_with('…') && units::keep_end(&long, 20).ends_with("abc.scope")
+        );
         v.key(KeyCode::Char('c'), KeyModifiers::NONE);
         assert!(v.rows().iter().all(|r| r.cgroup.is_none()), "c again: per device");
     }

@@ -93,7 +93,10 @@ impl Exemplars {
                     let used: usize = labels.iter().map(|(n, v)| n.chars().count() + v.chars().count()).sum();
                     labels.push((
                         "cgroup",
-                        fit(&k.cgroup, MAX_LABEL_CHARS.saturating_sub(used + "cgroup".len())),
+                        crate::units::keep_end(
+                            &k.cgroup,
+                            MAX_LABEL_CHARS.saturating_sub(used + "cgroup".len()),
+                        ),
                     ));
                     Exemplar { labels, value: k.ns as f64 / 1e9, unix_s: k.unix_s }
                 })
@@ -106,17 +109,6 @@ impl Exemplars {
 fn bucket(ns: u64) -> usize {
     let s = ns as f64 / 1e9;
     crate::serve::metrics::BUCKETS_S.iter().position(|&le| s <= le).unwrap_or(SLOTS - 1)
-}
-
-/// `s` in at most `max` characters: a long cgroup path keeps its end (the unit, the
-/// container), marked with a leading `…`.
-fn fit(s: &str, max: usize) -> String {
-    let n = s.chars().count();
-    if n <= max {
-        return s.to_owned();
-    }
-    let keep = max.saturating_sub(1);
-    std::iter::once('…').chain(s.chars().skip(n - keep)).collect()
 }
 
 #[cfg(test)]
