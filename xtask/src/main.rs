@@ -6,7 +6,8 @@
 //! - `run`         build, then `tracerd run` (extra arguments go to tracerd)
 //! - `test`        build, then unit tests and the real-kernel integration tests (`--stress`: with
 //!   every core kept busy)
-//! - `vm-test`     build static binaries, boot a Debian 6.1 kernel under qemu with md/dm/brd/null_blk
+//! - `vm-test`     build static binaries, boot Debian kernels (6.1, 6.12, 6.12-rt) under qemu with
+//!   md/dm/brd/null_blk
 
 mod bench;
 mod cpio;
@@ -20,7 +21,7 @@ use std::{
     process::Command,
 };
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -72,10 +73,14 @@ enum Cmd {
         #[arg(long)]
         soak_only: bool,
     },
-    /// Boot a Debian 6.1 kernel under qemu (md, dm, brd, null_blk, kprobes) and run tracerd there.
+    /// Boot Debian kernels under qemu (md, dm, brd, null_blk, kprobes) and run tracerd there.
     VmTest {
-        /// Run only this scenario (smoke, dm, md, nullb, mp, host, cg) and keep the console log,
-        /// without the assertions: for developing a scenario.
+        /// Which kernels: 6.1, 6.12, 6.12-rt, 6.12-cloud (comma-separated), or all (every one
+        /// but cloud). The first runs every scenario, the others the stacked and null_blk ones.
+        #[arg(long, default_value = "all")]
+        kernel: String,
+        /// Run only this scenario (smoke, doctor, dm, md, nullb, mp, host, cg) and keep the
+        /// console log, without the assertions: for developing a scenario.
         #[arg(long)]
         scenario: Option<String>,
     },
@@ -110,14 +115,26 @@ fn real_main() -> Result<()> {
         Cmd::Bench { seconds, rounds, soak_seconds, soak_only } => {
             bench::bench(bench::Options { seconds, rounds, soak_seconds, soak_only })
         }
-        Cmd::VmTest { scenario: Some(name) } => {
-            let log = vm::run_scenarios(Some(&name))?;
-            println!("scenario {name} ran; console log: {}", log.display());
+        Cmd::VmTest { kernel, scenario: Some(name) } => {
+            ensure!(
+                vm_scenarios::NAMES.contains(&name.as_str()),
+                "no scenario {name:?}: --scenario takes one of {}",
+                vm_scenarios::NAMES.join(", ")
+            );
+            let bins = vm::build_guest_binaries()?;
+            for series in vm::KernelSeries::select(&kernel)? {
+                let run = vm::run_scenarios(series, &bins, &[&name], false)?;
+                println!(
+                    "kernel {}: scenario {name} ran; console log: {}",
+                    run.kernel.version,
+                    run.log.display()
+                );
+            }
             Ok(())
         }
-        Cmd::VmTest { scenario: None } => {
+        Cmd::VmTest { kernel, scenario: None } => {
             let mut tally = Tally::default();
-            vm_tests(&mut tally, false)?;
+            vm_tests(&mut tally, &vm::KernelSeries::select(&kernel)?, false)?;
             println!("{} passed, {} failed", tally.passed, tally.failed);
             Ok(())
         }
@@ -224,7 +241,8 @@ fn test(unit_only: bool, stress: bool) -> Result<()> {
     )?;
     if !unit_only {
         integration_tests(&mut tally)?;
-        vm_tests(&mut tally, true)?;
+        let kernels: Vec<vm::KernelSeries> = vm::KERNELS.iter().filter(|k| k.in_all).copied().collect();
+        vm_tests(&mut tally, &kernels, true)?;
     }
     if let Some(load) = load {
         load.stop()?;
@@ -233,21 +251,82 @@ fn test(unit_only: bool, stress: bool) -> Result<()> {
     Ok(())
 }
 
-/// Boots the Debian kernel with every scenario, then asserts on its console log. The dashboard
-/// test follows: it needs the guest's stacked-device exposition and the host kernel.
-fn vm_tests(tally: &mut Tally, with_dashboard: bool) -> Result<()> {
-    let log = vm::run_scenarios(None)?;
+/// Boots each kernel of `kernels` in turn, the first with every scenario and the others with
+/// the stacked and null_blk ones, and asserts on each console log; a failing kernel does not
+/// stop the others. The dashboard test follows the first: it needs the guest's stacked-device
+/// exposition and the host kernel.
+fn vm_tests(tally: &mut Tally, kernels: &[vm::KernelSeries], with_dashboard: bool) -> Result<()> {
+    let bins = vm::build_guest_binaries()?;
+    let mut lines = Vec::new();
+    let mut failures = Vec::new();
+    for (i, series) in kernels.iter().enumerate() {
+        let scenarios = if i == 0 { vm_scenarios::NAMES } else { vm_scenarios::STACKED };
+        let passed = tally.passed;
+        let result = vm_kernel_tests(tally, *series, &bins, scenarios, with_dashboard && i == 0);
+        let line = match &result {
+            Ok(run) => format!(
+                "kernel {} ({}): scenarios {}{}: {} tests passed; guest ran {:.0} s",
+                run.kernel.version,
+                run.kernel.package,
+                scenarios.join(","),
+                if run.absent.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (no module {})", run.absent.join(","))
+                },
+                tally.passed - passed,
+                run.guest_seconds
+            ),
+            Err(e) => format!("kernel series {}: FAILED: {e:#}", series.name),
+        };
+        eprintln!("xtask: vm-test: {line}");
+        lines.push(line);
+        if let Err(e) = result {
+            failures.push(format!("{}: {e:#}", series.name));
+        }
+    }
+    println!("VM kernels:");
+    for line in &lines {
+        println!("  {}", line.lines().next().unwrap_or_default());
+    }
+    if !failures.is_empty() {
+        bail!(
+            "the VM tests failed on {} of {} kernels:\n{}",
+            failures.len(),
+            kernels.len(),
+            failures.join("\n")
+        );
+    }
+    Ok(())
+}
+
+/// One kernel: boot it with `scenarios`, then run tests/tests/vm.rs (without the tests of
+/// scenarios it did not run) against its console log.
+fn vm_kernel_tests(
+    tally: &mut Tally,
+    series: vm::KernelSeries,
+    bins: &vm::GuestBinaries,
+    scenarios: &[&str],
+    with_dashboard: bool,
+) -> Result<vm::VmRun> {
+    let run = vm::run_scenarios(series, bins, scenarios, true)?;
     let mut cmd = cargo(None);
-    cmd.args(["test", "--release", "-p", "tracerd-tests", "--test", "vm"]).env("TRACERD_VM_CONSOLE", &log);
-    tally.run(&mut cmd, "VM tests (Debian kernel under qemu)")?;
+    cmd.args(["test", "--release", "-p", "tracerd-tests", "--test", "vm", "--"])
+        .env("TRACERD_VM_CONSOLE", &run.log);
+    for (scenario, test) in vm_scenarios::TESTS_OF {
+        if !scenarios.contains(scenario) {
+            cmd.args(["--skip", test]);
+        }
+    }
+    tally.run(&mut cmd, &format!("VM tests (Debian kernel {} under qemu)", run.kernel.version))?;
     if with_dashboard {
         let mut cmd = cargo(None);
         cmd.args(["test", "--release", "-p", "tracerd-tests", "--test", "dashboard", "--", "--nocapture"])
-            .env("TRACERD_VM_CONSOLE", &log)
+            .env("TRACERD_VM_CONSOLE", &run.log)
             .env("TRACERD_BIN", tracerd_bin());
         tally.run(&mut cmd, "Grafana dashboard against Prometheus (host + VM expositions)")?;
     }
-    Ok(())
+    Ok(run)
 }
 
 fn integration_tests(tally: &mut Tally) -> Result<()> {

@@ -38,6 +38,7 @@ const VM_PACKAGES: &[&str] = &[
     "util-linux",
     "fdisk",
     "musl-tools",
+    "zstd",
 ];
 const MUSL: &str = "x86_64-unknown-linux-musl";
 /// Bounds on a hang, not on speed: a TCG guest on a loaded host is many times slower than one on
@@ -45,8 +46,6 @@ const MUSL: &str = "x86_64-unknown-linux-musl";
 /// reached) gets GUEST_HANG; the whole guest run, VM_HANG.
 const GUEST_HANG: Duration = Duration::from_secs(300);
 const VM_HANG: Duration = Duration::from_secs(2400);
-/// Debian's meta package; it depends on the concrete `linux-image-<abi>-amd64`.
-const KERNEL_META: &str = "linux-image-amd64";
 /// Modules the guest prologue loads (their dependencies come along, see [`VmKernel::module_files`]).
 pub const GUEST_MODULES: &[&str] =
     &["brd", "raid1", "dm-mod", "dm-multipath", "dm-round-robin", "null_blk", "loop"];
@@ -63,10 +62,12 @@ const GUEST_TOOLS: &[(&str, &str)] = &[
     ("/usr/local/bin/partx", "partx"),
     ("/usr/local/bin/setpriv", "setpriv"),
 ];
-/// Start of an xz stream; Debian compresses vmlinuz's payload with xz.
+/// Starts of an xz and a zstd stream: Debian compresses vmlinuz's payload with one of them.
 const XZ_MAGIC: &[u8] = &[0xfd, b'7', b'z', b'X', b'Z', 0];
+const ZSTD_MAGIC: &[u8] = &[0x28, 0xb5, 0x2f, 0xfd];
 
-/// Where downloads and the unpacked kernel live (ignored by git); delete it to fetch a newer kernel.
+/// Where downloads and the unpacked kernels live (ignored by git); delete a kernel's directory
+/// to fetch its newest build again.
 pub fn cache_dir() -> PathBuf {
     root_dir().join(".vm-cache")
 }
@@ -76,6 +77,75 @@ pub fn out_dir() -> PathBuf {
     root_dir().join("target/vm")
 }
 
+/// A Debian kernel series the VM boots. The build is chosen by apt, never named here: `meta` is
+/// Debian's meta package, whose dependency is the newest build of the series, and that build's
+/// version must belong to `series` and `flavour` (a meta package that moved on is an error, not
+/// a silent change of kernel).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelSeries {
+    /// What `--kernel` takes: `6.1`, `6.12`, `6.12-rt`, `6.12-cloud`.
+    pub name: &'static str,
+    meta: &'static str,
+    /// Start of `uname -r`, e.g. `6.12.`.
+    series: &'static str,
+    /// `rt`, `cloud`, or empty for the generic build.
+    flavour: &'static str,
+    /// Part of `--kernel all` and `cargo xtask test`.
+    pub in_all: bool,
+}
+
+pub const KERNELS: &[KernelSeries] = &[
+    // Bookworm's own kernel.
+    KernelSeries { name: "6.1", meta: "linux-image-amd64", series: "6.1.", flavour: "", in_all: true },
+    // Bookworm's newer LTS kernel, and its PREEMPT_RT build: completions in threads, programs
+    // that can be preempted.
+    KernelSeries { name: "6.12", meta: "linux-image-6.12-amd64", series: "6.12.", flavour: "", in_all: true },
+    KernelSeries {
+        name: "6.12-rt",
+        meta: "linux-image-6.12-rt-amd64",
+        series: "6.12.",
+        flavour: "rt",
+        in_all: true,
+    },
+    // The cloud build drops drivers; a scenario whose module is missing says so and skips.
+    KernelSeries {
+        name: "6.12-cloud",
+        meta: "linux-image-6.12-cloud-amd64",
+        series: "6.12.",
+        flavour: "cloud",
+        in_all: false,
+    },
+];
+
+impl KernelSeries {
+    /// `6.1`, `all`, ... as given to `--kernel`.
+    pub fn select(arg: &str) -> Result<Vec<KernelSeries>> {
+        if arg == "all" {
+            return Ok(KERNELS.iter().filter(|k| k.in_all).copied().collect());
+        }
+        let names: Vec<&str> = KERNELS.iter().map(|k| k.name).collect();
+        arg.split(',')
+            .map(|a| {
+                KERNELS.iter().find(|k| k.name == a.trim()).copied().with_context(|| {
+                    format!("no kernel {a:?}: --kernel takes one of {} or all", names.join(", "))
+                })
+            })
+            .collect()
+    }
+
+    /// Whether `uname -r` of a build (e.g. `6.12.117+deb12-rt-amd64`) is one of this series.
+    fn owns(&self, release: &str) -> bool {
+        let Some(rest) = release.strip_prefix(self.series) else { return false };
+        let flavour = rest.strip_suffix("-amd64").and_then(|r| r.rsplit('-').next()).unwrap_or("");
+        let flavour = if ["rt", "cloud"].contains(&flavour) { flavour } else { "" };
+        flavour == self.flavour
+    }
+
+    fn cache(&self) -> PathBuf {
+        cache_dir().join(self.name)
+    }
+}
+
 /// A kernel that qemu can boot, with its modules.
 #[derive(Debug, Clone)]
 pub struct VmKernel {
@@ -83,11 +153,13 @@ pub struct VmKernel {
     pub image: PathBuf,
     /// `uname -r` in the guest, e.g. `6.1.0-57-amd64`.
     pub version: String,
+    /// The Debian package it came from.
+    pub package: String,
     /// `.../lib/modules/<version>` of the unpacked package.
     pub modules_dir: PathBuf,
 }
 
-/// Installs qemu, busybox-static, mdadm, dmsetup, xz and the musl Rust target where missing.
+/// Installs qemu, busybox-static, mdadm, dmsetup, xz, zstd and the musl Rust target where missing.
 pub fn ensure_vm_packages() -> Result<()> {
     setup::apt_install(VM_PACKAGES, "the VM tests (cargo xtask vm-test)")?;
     let installed = setup::output("rustup", &["target", "list", "--installed"])
@@ -99,19 +171,19 @@ pub fn ensure_vm_packages() -> Result<()> {
     Ok(())
 }
 
-/// The Debian kernel, downloaded and unpacked into [`cache_dir`] on first use; later calls only
-/// read the cache (no apt, no network).
-pub fn kernel() -> Result<VmKernel> {
-    let cache = cache_dir();
+/// The newest Debian build of `series`, downloaded and unpacked into its cache directory on
+/// first use; later calls only read the cache (no apt, no network).
+pub fn kernel(series: KernelSeries) -> Result<VmKernel> {
+    let cache = series.cache();
     let ready = cache.join("kernel.ready");
-    if let Some(k) = fs::read_to_string(&ready).ok().and_then(|s| parse_ready(&s, &cache)) {
+    if let Some(k) = fs::read_to_string(&ready).ok().and_then(|s| parse_ready(&s, &cache, series)) {
         return Ok(k);
     }
-    let pkg = kernel_package()?;
+    let pkg = kernel_package(series)?;
     let download = cache.join("download");
     let _ = fs::remove_dir_all(&download);
     fs::create_dir_all(&download).with_context(|| format!("cannot create {}", download.display()))?;
-    eprintln!("xtask: downloading {pkg} (about 70 MB, once)");
+    eprintln!("xtask: downloading {pkg} (70-110 MB, once)");
     let mut cmd = Command::new("apt-get");
     // As root, apt drops to the _apt user, which cannot write into the workspace.
     if setup::is_root() {
@@ -139,6 +211,7 @@ pub fn kernel() -> Result<VmKernel> {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .next()
         .with_context(|| format!("{} is empty", modules_root.display()))?;
+    ensure!(series.owns(&version), "{pkg} unpacked kernel {version}, which is not of series {}", series.name);
     let vmlinuz = tree.join(format!("boot/vmlinuz-{version}"));
     ensure!(vmlinuz.is_file(), "{pkg} has no {}", vmlinuz.display());
     let vmlinux = tree.join(format!("boot/vmlinux-{version}"));
@@ -149,76 +222,112 @@ pub fn kernel() -> Result<VmKernel> {
             vmlinuz
         }
     };
-    let k = VmKernel { image, modules_dir: modules_root.join(&version), version };
+    let k = VmKernel { image, modules_dir: modules_root.join(&version), version, package: pkg };
     // Written last: a run interrupted above starts over instead of using half a cache. Paths are
     // relative to the cache, so a moved or symlinked cache stays valid.
     let rel = |p: &Path| p.strip_prefix(&cache).map(Path::to_path_buf).unwrap_or_else(|_| p.to_path_buf());
     fs::write(
         &ready,
         format!(
-            "image={}\nversion={}\nmodules={}\n",
+            "image={}\nversion={}\npackage={}\nmodules={}\n",
             rel(&k.image).display(),
             k.version,
+            k.package,
             rel(&k.modules_dir).display()
         ),
     )?;
     Ok(k)
 }
 
-fn parse_ready(text: &str, cache: &Path) -> Option<VmKernel> {
+fn parse_ready(text: &str, cache: &Path, series: KernelSeries) -> Option<VmKernel> {
     let fields: HashMap<&str, &str> = text.lines().filter_map(|l| l.split_once('=')).collect();
     let k = VmKernel {
         image: cache.join(fields.get("image")?),
         version: fields.get("version")?.to_string(),
+        package: fields.get("package")?.to_string(),
         modules_dir: cache.join(fields.get("modules")?),
     };
-    (k.image.is_file() && k.modules_dir.is_dir()).then_some(k)
+    (k.image.is_file() && k.modules_dir.is_dir() && series.owns(&k.version)).then_some(k)
 }
 
-/// The concrete kernel package the meta package points at, e.g. `linux-image-6.1.0-57-amd64`.
-fn kernel_package() -> Result<String> {
+/// The concrete kernel package the series' meta package points at, e.g.
+/// `linux-image-6.12.117+deb12-rt-amd64`.
+fn kernel_package(series: KernelSeries) -> Result<String> {
+    let meta = series.meta;
     let find = || {
-        let deps = setup::output("apt-cache", &["depends", KERNEL_META])?;
+        let deps = setup::output("apt-cache", &["depends", meta])?;
         deps.lines()
             .filter_map(|l| l.trim().strip_prefix("Depends: "))
             .map(str::trim)
             .find(|d| d.starts_with("linux-image-") && !d.starts_with('<'))
             .map(str::to_string)
     };
-    if let Some(pkg) = find() {
-        return Ok(pkg);
-    }
-    if !setup::is_root() {
-        bail!("apt does not know {KERNEL_META}: run `sudo apt-get update`, then this command again");
-    }
-    run(Command::new("apt-get").args(["update", "-q"]), "apt-get update")?;
-    find().with_context(|| {
-        format!("apt-cache depends {KERNEL_META} names no linux-image-* package (is this Debian bookworm?)")
-    })
+    let pkg = match find() {
+        Some(pkg) => pkg,
+        None if !setup::is_root() => {
+            bail!("apt does not know {meta}: run `sudo apt-get update`, then this command again")
+        }
+        None => {
+            run(Command::new("apt-get").args(["update", "-q"]), "apt-get update")?;
+            find().with_context(|| {
+                format!("apt-cache depends {meta} names no linux-image-* package (is this Debian bookworm?)")
+            })?
+        }
+    };
+    let release = pkg.trim_start_matches("linux-image-");
+    ensure!(
+        series.owns(release),
+        "{meta} now depends on {pkg}, which is not a {} kernel: add a series for it in xtask/src/vm.rs",
+        series.name
+    );
+    Ok(pkg)
 }
 
-/// Extracts the xz payload of a bzImage into an ELF vmlinux that qemu boots through its PVH note.
+/// Extracts the compressed payload of a bzImage (xz on 6.1, zstd on 6.12) into an ELF vmlinux
+/// that qemu boots through its PVH note.
 fn uncompress_kernel(vmlinuz: &Path, out: &Path) -> Result<()> {
     let image = fs::read(vmlinuz)?;
-    let start = find(&image, XZ_MAGIC).context("no xz stream in vmlinuz")?;
+    let payload = bzimage_payload(&image)?;
+    // The build appends the uncompressed size (4 bytes) to the stream: xz stops at the end of its
+    // stream by itself, zstd must not see it.
+    let (tool, args, data): (&str, &[&str], &[u8]) = if payload.starts_with(XZ_MAGIC) {
+        ("xz", &["-dc", "--single-stream"], payload)
+    } else if payload.starts_with(ZSTD_MAGIC) {
+        ("zstd", &["-dcq"], &payload[..payload.len().saturating_sub(4)])
+    } else {
+        bail!("the kernel payload is neither xz nor zstd (starts {:02x?})", &payload[..payload.len().min(6)]);
+    };
+    let data = data.to_vec();
     let tmp = out.with_extension("tmp");
-    let mut child = Command::new("xz")
-        // The payload is followed by other data; stop at the end of the first stream.
-        .args(["-dc", "--single-stream"])
+    let mut child = Command::new(tool)
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(fs::File::create(&tmp)?)
         .spawn()
-        .context("cannot start xz (apt-get install xz-utils)")?;
+        .with_context(|| format!("cannot start {tool} (apt-get install xz-utils zstd)"))?;
     let mut stdin = child.stdin.take().expect("piped");
-    let feeder = thread::spawn(move || stdin.write_all(&image[start..]));
+    let feeder = thread::spawn(move || stdin.write_all(&data));
     let status = child.wait()?;
-    // xz may stop reading before the trailing data: a broken pipe here is fine.
+    // xz may stop reading before the trailing size: a broken pipe here is fine.
     let _ = feeder.join();
-    ensure!(status.success(), "xz -dc failed ({status})");
+    ensure!(status.success(), "{tool} -dc failed ({status})");
     let elf = fs::read(&tmp)?;
     ensure!(has_pvh_note(&elf)?, "the uncompressed kernel has no PVH entry note; qemu cannot boot it");
     fs::rename(&tmp, out)?;
     Ok(())
+}
+
+/// The compressed kernel inside a bzImage, from its setup header (boot protocol 2.08+):
+/// `payload_offset` counts from the protected-mode code, which follows the setup sectors.
+fn bzimage_payload(image: &[u8]) -> Result<&[u8]> {
+    ensure!(image.len() > 0x250 && image[0x202..0x206] == *b"HdrS", "not a bzImage (no HdrS header)");
+    let setup_sects = match image[0x1f1] {
+        0 => 4,
+        n => n as usize,
+    };
+    let word = |o: usize| u32::from_le_bytes(image[o..o + 4].try_into().unwrap()) as usize;
+    let start = (setup_sects + 1) * 512 + word(0x248);
+    image.get(start..start + word(0x24c)).context("the bzImage payload lies outside the file")
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
@@ -257,6 +366,12 @@ impl VmKernel {
         Ok(files)
     }
 
+    /// Which of `modules` this kernel's package lacks (the cloud build drops drivers).
+    pub fn absent_modules<'a>(&self, modules: &[&'a str]) -> Result<Vec<&'a str>> {
+        let index = module_index(&self.modules_dir)?;
+        Ok(modules.iter().copied().filter(|m| !index.contains_key(&m.replace('-', "_"))).collect())
+    }
+
     /// Depth-first over `depends=`: pushes every module to `order` after what it needs, and
     /// records in `deps` everything it needs, directly or not.
     fn visit_module(
@@ -288,7 +403,9 @@ impl VmKernel {
     }
 }
 
-/// Module name with `_` for `-` (as the kernel spells it) -> path relative to the modules dir.
+/// Module name with `_` for `-` (as the kernel spells it) -> path of its uncompressed `.ko`
+/// relative to the modules dir. Compressed modules (`.ko.xz`, 6.12) are uncompressed beside
+/// themselves when first needed: busybox's modprobe loads only plain ones.
 fn module_index(modules_dir: &Path) -> Result<HashMap<String, String>> {
     let mut index = HashMap::new();
     let mut stack = vec![modules_dir.to_path_buf()];
@@ -297,20 +414,36 @@ fn module_index(modules_dir: &Path) -> Result<HashMap<String, String>> {
             let path = entry?.path();
             if path.is_dir() {
                 stack.push(path);
-            } else if let Some(stem) =
-                path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".ko"))
-            {
-                let rel = path.strip_prefix(modules_dir)?.to_string_lossy().into_owned();
-                index.insert(stem.replace('-', "_"), rel);
+                continue;
             }
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else { continue };
+            let Some(stem) = [".ko", ".ko.xz"].iter().find_map(|suffix| name.strip_suffix(suffix)) else {
+                continue;
+            };
+            let rel = path.strip_prefix(modules_dir)?.to_string_lossy().into_owned();
+            index.insert(stem.replace('-', "_"), rel.trim_end_matches(".xz").to_owned());
         }
     }
-    ensure!(!index.is_empty(), "no uncompressed .ko modules under {}", modules_dir.display());
+    ensure!(!index.is_empty(), "no .ko or .ko.xz modules under {}", modules_dir.display());
     Ok(index)
+}
+
+/// Makes sure `ko` exists uncompressed, from `ko`.xz if need be.
+fn uncompressed_module(ko: &Path) -> Result<()> {
+    if ko.is_file() {
+        return Ok(());
+    }
+    let xz = ko.with_extension("ko.xz");
+    let tmp = ko.with_extension("ko.tmp");
+    let out = fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    run(Command::new("xz").arg("-dc").arg(&xz).stdout(out), &format!("xz -dc {}", xz.display()))?;
+    fs::rename(&tmp, ko)?;
+    Ok(())
 }
 
 /// The `depends=` entry of a module's .modinfo section.
 fn module_depends(ko: &Path) -> Result<Vec<String>> {
+    uncompressed_module(ko)?;
     let data = fs::read(ko).with_context(|| format!("cannot read {}", ko.display()))?;
     let start = find(&data, b"\0depends=")
         .with_context(|| format!("{} has no depends= entry", ko.display()))?
@@ -701,19 +834,24 @@ pub fn result_section(console: &str, name: &str) -> Option<String> {
     }
 }
 
-/// A scenario body that runs when the kernel command line has `scenario=NAME` or `scenario=all`
-/// (the default). Its output should put results between `VM-RESULT-BEGIN NAME` and
-/// `VM-RESULT-END NAME`.
-pub fn scenario(name: &str, body: &str) -> String {
+/// A scenario body that runs when the kernel command line's `scenarios=` lists NAME (or is
+/// `all`, the default), and the kernel has every module of `needs`; otherwise it prints
+/// `VM-SKIPPED NAME: ...` with the missing modules. Its output should put results between
+/// `VM-RESULT-BEGIN NAME` and `VM-RESULT-END NAME`.
+pub fn scenario(name: &str, needs: &[&str], body: &str) -> String {
+    let needs = needs.join(" ");
     format!(
-        "if [ \"$scenario\" = all ] || [ \"$scenario\" = {name} ]; then\n\
-         echo 'VM-SCENARIO {name}'\n{body}\nfi\n"
+        "if vm_wants {name}; then\n\
+         if vm_have {needs}; then\n\
+         echo 'VM-SCENARIO {name}'\n{body}\n\
+         else echo \"VM-SKIPPED {name}: kernel $(uname -r) has no module $(vm_missing {needs})\"; fi\nfi\n"
     )
 }
 
-/// The /init script: mounts, loads [`GUEST_MODULES`], creates md0, lin0 (dm-0) and nullb0, runs
-/// `scenarios` (shell text, see [`scenario`]), tears the devices down and powers off. A failed
-/// set-up step prints `VM-SETUP-FAILED <step>` and powers off at once.
+/// The /init script: mounts, loads those of [`GUEST_MODULES`] the kernel has (the command line's
+/// `absent=` names the others), creates md0, lin0 (dm-0), mp0 (dm-1) and nullb0 where their
+/// modules allow, runs `scenarios` (shell text, see [`scenario`]), tears the devices down and
+/// powers off. A failed set-up step prints `VM-SETUP-FAILED <step>` and powers off at once.
 pub fn guest_script(scenarios: &str) -> String {
     let hang_s = GUEST_HANG.as_secs();
     let hang_tenths = hang_s * 10;
@@ -722,7 +860,7 @@ pub fn guest_script(scenarios: &str) -> String {
 # /init of tracerd's test VM, generated by xtask/src/vm.rs.
 # Kernel command-line words key=value arrive here as environment variables.
 export PATH=/sbin:/bin:/usr/sbin:/usr/bin
-: "${{scenario:=all}}"
+: "${{scenarios:=all}}" "${{absent:=}}"
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
@@ -753,35 +891,51 @@ vm_wait_for() {{
 vm_has_or_gone() {{ grep -q "$2" "$1" 2>/dev/null || ! kill -0 "$3" 2>/dev/null; }}
 
 # A leading newline: the firmware leaves the cursor at the end of its last line.
-printf "\nVM-BOOTED %s scenario=%s\n" "$(uname -r)" "$scenario"
-modprobe brd rd_nr=3 rd_size=65536 || vm_fail "modprobe brd"
-modprobe raid1 || vm_fail "modprobe raid1"
-modprobe dm-mod || vm_fail "modprobe dm-mod"
-modprobe dm-multipath || vm_fail "modprobe dm-multipath"
-modprobe dm-round-robin || vm_fail "modprobe dm-round-robin"
-modprobe loop || vm_fail "modprobe loop"
+printf "\nVM-BOOTED %s scenarios=%s absent=%s\n" "$(uname -r)" "$scenarios" "$absent"
+# Scenarios and modules are comma lists; `absent` names the modules this kernel's package lacks.
+vm_listed() {{ case ",$2," in *",$1,"*) return 0;; esac; return 1; }}
+vm_wants() {{ [ "$scenarios" = all ] || vm_listed "$1" "$scenarios"; }}
+vm_have() {{ for m in "$@"; do vm_listed "$m" "$absent" && return 1; done; return 0; }}
+vm_missing() {{ for m in "$@"; do vm_listed "$m" "$absent" && printf '%s ' "$m"; done; }}
+vm_load() {{ vm_have "$1" || return 0; modprobe "$@" || vm_fail "modprobe $1"; }}
+vm_load brd rd_nr=3 rd_size=65536
+vm_load raid1
+vm_load dm-mod
+vm_load dm-multipath
+vm_load dm-round-robin
+vm_load loop
 # nullb0..5 for the queue-depth scenario, nullb6 under multipath; timer completions keep
 # requests in flight.
-modprobe null_blk nr_devices=7 irqmode=2 completion_nsec=50000000 hw_queue_depth=64 \
-    || vm_fail "modprobe null_blk"
+vm_load null_blk nr_devices=7 irqmode=2 completion_nsec=50000000 hw_queue_depth=64
 # No udev in here: mdadm and dmsetup create their device nodes themselves.
 export MDADM_NO_UDEV=1 DM_DISABLE_UDEV=1
-mdadm --create /dev/md0 --run --force --level=1 --raid-devices=2 --metadata=1.2 --assume-clean \
-    /dev/ram0 /dev/ram1 || vm_fail "mdadm --create /dev/md0"
-dmsetup create lin0 --table "0 131072 linear /dev/ram2 0" || vm_fail "dmsetup create lin0"
+devices=""
+if vm_have brd raid1; then
+    mdadm --create /dev/md0 --run --force --level=1 --raid-devices=2 --metadata=1.2 --assume-clean \
+        /dev/ram0 /dev/ram1 || vm_fail "mdadm --create /dev/md0"
+    devices="$devices ram0 ram1 md0"
+fi
+if vm_have brd dm-mod; then
+    dmsetup create lin0 --table "0 131072 linear /dev/ram2 0" || vm_fail "dmsetup create lin0"
+    devices="$devices ram2 dm-0 mapper/lin0"
+fi
 # Request-based dm: a one-path multipath device (dm-1) over nullb6.
-dmsetup create mp0 --table "0 131072 multipath 0 0 1 1 round-robin 0 1 1 /dev/nullb6 1" \
-    || vm_fail "dmsetup create mp0"
-for d in ram0 ram1 ram2 md0 dm-0 dm-1 nullb0 nullb6 mapper/lin0; do
+if vm_have dm-mod dm-multipath dm-round-robin null_blk; then
+    dmsetup create mp0 --table "0 131072 multipath 0 0 1 1 round-robin 0 1 1 /dev/nullb6 1" \
+        || vm_fail "dmsetup create mp0"
+    devices="$devices dm-1 mapper/mp0"
+fi
+vm_have null_blk && devices="$devices nullb0 nullb6"
+for d in $devices; do
     [ -b /dev/$d ] || vm_fail "/dev/$d is missing"
 done
 echo VM-SETUP-DONE
 
 {scenarios}
 echo VM-TEARDOWN
-dmsetup remove mp0
-dmsetup remove lin0
-mdadm --stop /dev/md0
+[ -b /dev/mapper/mp0 ] && dmsetup remove mp0
+[ -b /dev/mapper/lin0 ] && dmsetup remove lin0
+[ -b /dev/md0 ] && mdadm --stop /dev/md0
 echo VM-DONE
 vm_poweroff
 "#
@@ -792,6 +946,7 @@ vm_poweroff
 pub fn smoke_scenario() -> String {
     scenario(
         "smoke",
+        &["null_blk"],
         r#"echo "block devices: $(ls /sys/block | tr '\n' ' ')"
 /bin/iogen /dev/nullb0 read 100 4096 1
 /bin/tracerd --version
@@ -822,10 +977,26 @@ fn step<T>(name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     result
 }
 
-/// Builds everything, boots the guest with every scenario (or only `only`, for development),
-/// checks the chain worked, and returns the console log for the assertions in tests/tests/vm.rs.
-pub fn run_scenarios(only: Option<&str>) -> Result<PathBuf> {
-    let total = Instant::now();
+/// A finished guest run: its console log and what it ran on.
+pub struct VmRun {
+    pub kernel: VmKernel,
+    pub log: PathBuf,
+    /// Modules of [`GUEST_MODULES`] the kernel lacks (their scenarios skipped).
+    pub absent: Vec<&'static str>,
+    /// Boot to power-off.
+    pub guest_seconds: f64,
+}
+
+/// Static binaries and tests every kernel's initramfs carries, built once per xtask run.
+pub struct GuestBinaries {
+    tracerd: PathBuf,
+    iogen: PathBuf,
+    host_tests: PathBuf,
+    cgroup_tests: PathBuf,
+}
+
+/// Builds the eBPF object and the static binaries and tests the guest runs.
+pub fn build_guest_binaries() -> Result<GuestBinaries> {
     step("install VM packages", ensure_vm_packages)?;
     // Only the eBPF object: the static build below compiles tracerd itself.
     step("build the eBPF object", || {
@@ -834,31 +1005,61 @@ pub fn run_scenarios(only: Option<&str>) -> Result<PathBuf> {
     })?;
     let bins =
         step("build static binaries", || build_static(&["tracerd", "tracerd-tests"], &["tracerd", "iogen"]))?;
-    let host_tests =
-        step("build the host-kernel tests", || build_static_test("tracerd-tests", "host_kernel"))?;
-    let cgroup_tests = step("build the cgroup tests", || build_static_test("tracerd-tests", "cgroups"))?;
-    let kernel = step("fetch the kernel", kernel)?;
-    let initramfs = out_dir().join("tracerd-vm.cpio");
+    Ok(GuestBinaries {
+        tracerd: bins[0].clone(),
+        iogen: bins[1].clone(),
+        host_tests: step("build the host-kernel tests", || {
+            build_static_test("tracerd-tests", "host_kernel")
+        })?,
+        cgroup_tests: step("build the cgroup tests", || build_static_test("tracerd-tests", "cgroups"))?,
+    })
+}
+
+/// Boots `series` with `scenarios` (names from [`vm_scenarios::NAMES`]), checks the chain
+/// worked, and returns the run for the assertions in tests/tests/vm.rs. With `assert_results`
+/// off (one scenario, for development) only the guest's own failures fail it.
+pub fn run_scenarios(
+    series: KernelSeries,
+    bins: &GuestBinaries,
+    scenarios: &[&str],
+    assert_results: bool,
+) -> Result<VmRun> {
+    let total = Instant::now();
+    let kernel = step(&format!("fetch kernel {}", series.name), || kernel(series))?;
+    let absent = kernel.absent_modules(GUEST_MODULES)?;
+    if !absent.is_empty() {
+        eprintln!(
+            "xtask: vm-test: kernel {} has no module {}: the scenarios that need them will say SKIPPED",
+            kernel.version,
+            absent.join(", ")
+        );
+    }
+    let present: Vec<&str> = GUEST_MODULES.iter().copied().filter(|m| !absent.contains(m)).collect();
+    let initramfs = out_dir().join(format!("tracerd-vm-{}.cpio", series.name));
     step("build the initramfs", || {
-        let mut files = kernel.module_files(GUEST_MODULES, &out_dir())?;
-        files.push(("/bin/tracerd".into(), bins[0].clone()));
-        files.push(("/bin/iogen".into(), bins[1].clone()));
+        let mut files = kernel.module_files(&present, &out_dir().join(series.name))?;
+        files.push(("/bin/tracerd".into(), bins.tracerd.clone()));
+        files.push(("/bin/iogen".into(), bins.iogen.clone()));
         // The host-kernel tests, run on this second kernel: the harness finds iogen at
         // <test dir>/../iogen.
-        files.push(("/t/deps/host_kernel".into(), host_tests.clone()));
-        files.push(("/t/deps/cgroups".into(), cgroup_tests.clone()));
-        files.push(("/t/iogen".into(), bins[1].clone()));
+        files.push(("/t/deps/host_kernel".into(), bins.host_tests.clone()));
+        files.push(("/t/deps/cgroups".into(), bins.cgroup_tests.clone()));
+        files.push(("/t/iogen".into(), bins.iogen.clone()));
         build_initramfs(&initramfs, &files, &guest_script(&(smoke_scenario() + &vm_scenarios::all())))
     })?;
-    let console = step("boot the VM", || {
-        boot(&kernel, &initramfs, &format!("scenario={}", only.unwrap_or("all")), VM_HANG)
+    let guest = Instant::now();
+    let cmdline = format!("scenarios={} absent={}", scenarios.join(","), absent.join(","));
+    let console = step(&format!("boot kernel {} ({})", kernel.version, scenarios.join(", ")), || {
+        boot(&kernel, &initramfs, &cmdline, VM_HANG)
     })?;
-    let log = out_dir().join("tracerd-vm.log");
+    let guest_seconds = guest.elapsed().as_secs_f64();
+    let log = initramfs.with_extension("log");
     eprintln!("xtask: vm-test: console log: {}", log.display());
 
     let report = |problem: &str| {
         anyhow::anyhow!(
-            "{problem}\nLast console lines:\n{}\nconsole log: {}",
+            "kernel {}: {problem}\nLast console lines:\n{}\nconsole log: {}",
+            kernel.version,
             tail(&console, 60),
             log.display()
         )
@@ -877,8 +1078,13 @@ pub fn run_scenarios(only: Option<&str>) -> Result<PathBuf> {
             return Err(report(&format!("the guest never printed {marker}")));
         }
     }
-    if only.is_some() {
-        return Ok(log);
+    // What tracerd chose on this kernel, for the test log (tests/tests/vm.rs asserts it).
+    if let Some(doctor) = result_section(&console, "doctor_text") {
+        eprintln!("xtask: vm-test: tracerd doctor on {}:\n{doctor}", kernel.version);
+    }
+    let run = VmRun { kernel: kernel.clone(), log: log.clone(), absent, guest_seconds };
+    if !assert_results || !scenarios.contains(&"smoke") || console.contains("VM-SKIPPED smoke:") {
+        return Ok(run);
     }
     let json = result_section(&console, "smoke").ok_or_else(|| report("no smoke result markers"))?;
     let status = console.lines().find_map(|l| l.strip_prefix("tracerd report exit status: ")).unwrap_or("?");
@@ -890,14 +1096,20 @@ pub fn run_scenarios(only: Option<&str>) -> Result<PathBuf> {
             .take_while(|l| *l != "--- end of tracerd report stderr")
             .collect();
         bail!(
-            "the VM chain works (modules, md0, dm-0, nullb0, iogen), but `tracerd report` in the guest \
-             failed (exit status {status}).\ntracerd's stderr:\n{}\nconsole log: {}",
+            "kernel {}: the VM chain works (modules, md0, dm-0, nullb0, iogen), but `tracerd report` in \
+             the guest failed (exit status {status}).\ntracerd's stderr:\n{}\nconsole log: {}",
+            kernel.version,
             stderr.join("\n"),
-            log.display()
+            run.log.display()
         );
     }
-    eprintln!("xtask: vm-test: guest run complete in {:.1} s", total.elapsed().as_secs_f64());
-    Ok(log)
+    eprintln!(
+        "xtask: vm-test: kernel {}: guest run complete in {:.1} s ({:.1} s with building)",
+        kernel.version,
+        guest_seconds,
+        total.elapsed().as_secs_f64()
+    );
+    Ok(run)
 }
 
 #[cfg(test)]
@@ -984,6 +1196,7 @@ mod tests {
         let k = VmKernel {
             image: dir.join("vmlinux"),
             version: "6.1.0-test".into(),
+            package: "linux-image-6.1.0-test".into(),
             modules_dir: modules.clone(),
         };
         let files = k.module_files(&["top_mod"], &dir).unwrap();
@@ -1004,7 +1217,49 @@ mod tests {
              kernel/a/top-mod.ko: kernel/b/mid-mod.ko kernel/base.ko\n"
         );
         assert!(k.module_files(&["missing"], &dir).is_err());
+        assert_eq!(k.absent_modules(&["base", "missing", "mid-mod"]).unwrap(), ["missing"]);
+
+        // 6.12 ships modules as .ko.xz: found, uncompressed beside themselves, listed plain.
+        let xz = modules.join("kernel/c/packed.ko");
+        fs::create_dir_all(xz.parent().unwrap()).unwrap();
+        fs::write(&xz, "\x7fELF\0depends=base\0").unwrap();
+        run(Command::new("xz").arg(&xz), "xz").unwrap();
+        assert!(!xz.exists() && xz.with_extension("ko.xz").is_file());
+        let files = k.module_files(&["packed"], &dir).unwrap();
+        assert_eq!(files[1].0, "/lib/modules/6.1.0-test/kernel/c/packed.ko");
+        assert_eq!(fs::read(&files[1].1).unwrap(), b"\x7fELF\0depends=base\0");
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn kernel_series_own_their_builds_only() {
+        let by = |name: &str| KERNELS.iter().find(|k| k.name == name).unwrap();
+        assert!(by("6.1").owns("6.1.0-57-amd64"));
+        assert!(!by("6.1").owns("6.12.117+deb12-amd64"), "6.12 is not 6.1");
+        assert!(!by("6.1").owns("6.1.0-57-rt-amd64"));
+        assert!(by("6.12").owns("6.12.117+deb12-amd64"));
+        assert!(!by("6.12").owns("6.12.117+deb12-rt-amd64"));
+        assert!(by("6.12-rt").owns("6.12.117+deb12-rt-amd64"));
+        assert!(by("6.12-cloud").owns("6.12.117+deb12-cloud-amd64"));
+        let names = |arg: &str| KernelSeries::select(arg).unwrap().iter().map(|k| k.name).collect::<Vec<_>>();
+        assert_eq!(names("all"), ["6.1", "6.12", "6.12-rt"]);
+        assert_eq!(names("6.12-rt,6.1"), ["6.12-rt", "6.1"]);
+        let err = KernelSeries::select("5.10").unwrap_err().to_string();
+        assert!(err.contains("6.12-rt") && err.contains("all"), "{err}");
+    }
+
+    #[test]
+    fn bzimage_payload_from_the_setup_header() {
+        let mut image = vec![0u8; 0x1000];
+        image[0x1f1] = 2; // setup sectors: code starts at 3 * 512
+        image[0x202..0x206].copy_from_slice(b"HdrS");
+        image[0x248..0x24c].copy_from_slice(&0x100u32.to_le_bytes());
+        image[0x24c..0x250].copy_from_slice(&6u32.to_le_bytes());
+        image[0x700..0x706].copy_from_slice(XZ_MAGIC);
+        assert_eq!(bzimage_payload(&image).unwrap(), XZ_MAGIC);
+        image[0x24c..0x250].copy_from_slice(&0x1000u32.to_le_bytes());
+        assert!(bzimage_payload(&image).is_err(), "past the end of the file");
+        assert!(bzimage_payload(&[0u8; 0x300]).is_err(), "no HdrS");
     }
 
     #[test]

@@ -38,6 +38,7 @@ emit() {
 fn dm_linear() -> String {
     scenario(
         "dm",
+        &["brd", "dm-mod"],
         r#"ip link set lo up
 trace_start dm_snoop snoop --json --device dm-0
 # The reports name lin0 as people do: by its dm name, and by its /dev/mapper node.
@@ -70,6 +71,7 @@ for t in dm_snoop dm_report_json dm_report_text dm_metrics dm_window; do emit $t
 fn md_raid1() -> String {
     scenario(
         "md",
+        &["brd", "raid1"],
         r#"# Dirty the array before tracing: md's own superblock write is not part of the workload,
 # and with safe mode off the array stays dirty (no further superblock writes).
 echo 0 > /sys/block/md0/md/safe_mode_delay
@@ -92,6 +94,7 @@ for t in md_snoop md_report_json md_report_text; do emit $t; done"#,
 fn null_blk() -> String {
     scenario(
         "nullb",
+        &["null_blk"],
         r#"trace_start nullb_qd_report_json report --json --by qd --duration 600 --device nullb0 --device nullb1 --device nullb2 --device nullb3 --device nullb4 --device nullb5
 i=0
 for qd in 1 2 4 8 16 32; do /bin/iogen /dev/nullb$i read 96 4096 $qd batch; i=$((i + 1)); done
@@ -110,6 +113,7 @@ emit nullb_snoop"#,
 fn dm_multipath() -> String {
     scenario(
         "mp",
+        &["dm-mod", "dm-multipath", "dm-round-robin", "null_blk"],
         r#"trace_start mp_snoop snoop --json --device dm-1
 trace_start mp_report_json report --json --duration 600 --device dm-1
 /bin/iogen /dev/dm-1 read 100 4096 1
@@ -131,6 +135,7 @@ for t in mp8_snoop mp8_report_json; do emit $t; done"#,
 fn host_tests() -> String {
     scenario(
         "host",
+        &["loop"],
         r#"mkdir -p /dev/shm && mount -t tmpfs tmpfs /dev/shm
 # /metrics is served on loopback: bring it up (the VM has no other interface).
 ip link set lo up
@@ -147,6 +152,7 @@ echo "VM-RESULT-END host_tests""#,
 fn cgroup_tests() -> String {
     scenario(
         "cg",
+        &["loop"],
         r#"mkdir -p /dev/shm && mountpoint -q /dev/shm || mount -t tmpfs tmpfs /dev/shm
 ip link set lo up
 echo "VM-RESULT-BEGIN cgroup_tests"
@@ -157,8 +163,42 @@ echo "VM-RESULT-END cgroup_tests""#,
     )
 }
 
-/// Every scenario, in order.
+/// What tracerd sees in this kernel, for the log and tests/tests/vm.rs: `doctor` with its load
+/// test (BTF, layout paths, each hook's variant and attach type, kprobes), as text and JSON.
+fn doctor() -> String {
+    scenario(
+        "doctor",
+        &[],
+        r#"/bin/tracerd doctor --json > /tmp/doctor_json.out 2> /tmp/doctor_json.err
+echo "tracerd doctor exit status: $?"
+/bin/tracerd doctor > /tmp/doctor_text.out 2>&1
+for t in doctor_json doctor_text; do emit $t; done"#,
+    )
+}
+
+/// Every scenario name, in the order they run (the smoke scenario is written in vm.rs).
+pub const NAMES: &[&str] = &["smoke", "doctor", "dm", "md", "nullb", "mp", "host", "cg"];
+
+/// The stacked-device and null_blk scenarios (with smoke and doctor): what every kernel runs.
+pub const STACKED: &[&str] = &["smoke", "doctor", "dm", "md", "nullb", "mp"];
+
+/// Tests in tests/tests/vm.rs that assert on one scenario alone: skipped where it did not run.
+pub const TESTS_OF: &[(&str, &str)] = &[
+    ("host", "host_kernel_tests_pass_on_the_second_kernel"),
+    ("cg", "cgroup_tests_pass_on_cgroup_v2_with_writeback"),
+];
+
+/// Every scenario but smoke, in order.
 pub fn all() -> String {
-    [HELPERS.to_string(), dm_linear(), md_raid1(), null_blk(), dm_multipath(), host_tests(), cgroup_tests()]
-        .concat()
+    [
+        HELPERS.to_string(),
+        doctor(),
+        dm_linear(),
+        md_raid1(),
+        null_blk(),
+        dm_multipath(),
+        host_tests(),
+        cgroup_tests(),
+    ]
+    .concat()
 }
