@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::Result;
 use serde::Serialize;
-use tracer_common::{SeriesAgg, agg, bio_dev_path, limits, rq_disk_path};
+use tracer_common::{SeriesAgg, agg, limits};
 
 use crate::{
     kernel::btf::{Btf, VMLINUX},
@@ -107,9 +107,10 @@ fn run_checks(load: bool) -> Vec<Check> {
     let privileged = tracer::can_load(caps);
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
-    let mut checks = vec![kernel_check(&tracer::kernel_release()), privileges_check(caps, euid)];
+    let release = tracer::kernel_release();
+    let mut checks = vec![kernel_check(&release), privileges_check(caps, euid)];
 
-    let (btf_checks, btf) = btf_checks(std::fs::read(VMLINUX));
+    let (btf_checks, btf) = btf_checks(std::fs::read(VMLINUX), &release);
     checks.extend(btf_checks);
 
     // The load test first: its per-hook results complete the static hook checks below.
@@ -205,7 +206,7 @@ fn privileges_check(caps: u64, euid: u32) -> Check {
 
 /// The BTF check, then the two that need BTF: struct layout and op enums. Returns the parsed
 /// BTF for the hook checks.
-fn btf_checks(read: std::io::Result<Vec<u8>>) -> (Vec<Check>, Option<Btf>) {
+fn btf_checks(read: std::io::Result<Vec<u8>>, kernel: &str) -> (Vec<Check>, Option<Btf>) {
     let without_btf = |name: &str| Check::new(name, Status::Fail, "not checked: no usable BTF (see btf)");
     let failed = |btf: Check| (vec![btf, without_btf("layout"), without_btf("op_enums")], None);
     let data = match read {
@@ -237,24 +238,12 @@ fn btf_checks(read: std::io::Result<Vec<u8>>) -> (Vec<Check>, Option<Btf>) {
     };
     let mut checks =
         vec![Check::new("btf", Status::Ok, format!("{VMLINUX}: {} parsed", units::bytes(data.len() as f64)))];
-    checks.push(match layout::resolve(&btf) {
-        Ok(l) => {
-            let bio = if l.bio_dev_path == bio_dev_path::BDEV {
-                "bio->bi_bdev (5.12+)"
-            } else {
-                "bio->bi_disk + bi_partno (before 5.12)"
-            };
-            let rq = if l.rq_disk_path == rq_disk_path::QUEUE {
-                "rq->q->disk (5.17+)"
-            } else {
-                "rq->rq_disk (before 5.17)"
-            };
-            Check::new(
-                "layout",
-                Status::Ok,
-                format!("every struct offset tracerd reads resolves; variants: {bio}, {rq}"),
-            )
-        }
+    checks.push(match layout::resolve(&btf, kernel) {
+        Ok(l) => Check::new(
+            "layout",
+            Status::Ok,
+            format!("every struct offset tracerd reads resolves; variants: {}", layout::describe(&l)),
+        ),
         Err(e) => Check::new("layout", Status::Fail, format!("{e:#}")).advice(
             "this kernel's block structs differ from every layout tracerd knows: report it with `uname -r`",
         ),
@@ -824,7 +813,10 @@ pub fn render(checks: &[Check], colour: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{kernel::btf::tests::Builder, model::topology::tests::fake_stacked_sysfs};
+    use crate::{
+        kernel::btf::{fixtures::Fixture, tests::Builder},
+        model::topology::tests::fake_stacked_sysfs,
+    };
 
     fn check(name: &str, status: Status) -> Check {
         Check::new(name, status, format!("{name} detail"))
@@ -1043,15 +1035,15 @@ garbage
 
     #[test]
     fn btf_checks_fail_clearly_without_btf() {
-        let (checks, btf) = btf_checks(Err(std::io::ErrorKind::NotFound.into()));
+        let (checks, btf) = btf_checks(Err(std::io::ErrorKind::NotFound.into()), "6.1.0-57-amd64");
         assert!(btf.is_none());
         assert_eq!(checks.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["btf", "layout", "op_enums"]);
         assert!(checks.iter().all(|c| c.status == Status::Fail));
         assert!(checks[0].advice.as_deref().unwrap().contains("CONFIG_DEBUG_INFO_BTF"));
-        let (checks, _) = btf_checks(Ok(b"not btf".to_vec()));
+        let (checks, _) = btf_checks(Ok(b"not btf".to_vec()), "6.1.0-57-amd64");
         assert!(checks[0].detail.contains("malformed"), "{}", checks[0].detail);
         // Parseable, but without the block structs.
-        let (checks, btf) = btf_checks(Ok(Builder::new().build()));
+        let (checks, btf) = btf_checks(Ok(Builder::new().build()), "6.1.0-57-amd64");
         assert!(btf.is_some());
         assert_eq!(find(&checks, "btf").status, Status::Ok);
         assert_eq!(find(&checks, "layout").status, Status::Fail);
@@ -1175,6 +1167,55 @@ garbage
         assert_eq!(load_check(&LoadTest::Failed("EPERM".into())).status, Status::Fail);
         assert_eq!(load_check(&LoadTest::Skipped).status, Status::Warn);
         assert_eq!(load_check(&LoadTest::Unprivileged).status, Status::Warn);
+    }
+
+    /// `tracerd doctor`'s layout detail on every kernel at hand.
+    const LAYOUT_OF_6_X: &str = "every struct offset tracerd reads resolves; variants: bio->bi_bdev (5.12+), \
+                                 rq->q->disk (5.17+), cgroup: bio->bi_blkg (CONFIG_BLK_CGROUP), request \
+                                 timestamps: start_time_ns+io_start_time_ns";
+
+    #[test]
+    fn real_kernels_pass_the_btf_checks_with_every_choice_named() {
+        for f in Fixture::all() {
+            let (checks, btf) = btf_checks(Ok(f.bytes()), &f.kernel);
+            assert!(checks.iter().all(|c| c.status == Status::Ok), "{}: {checks:?}", f.kernel);
+            assert_eq!(find(&checks, "layout").detail, LAYOUT_OF_6_X, "{}", f.kernel);
+            let ops = &find(&checks, "op_enums").detail;
+            assert_eq!(
+                ops, "REQ_OP_READ=0 WRITE=1 FLUSH=2 DISCARD=3; flag bits from __REQ_*",
+                "{}",
+                f.kernel
+            );
+            let hooks = tracepoint_checks(btf.as_ref(), None);
+            assert!(hooks.iter().all(|c| c.status == Status::Ok), "{}: {hooks:?}", f.kernel);
+            let complete = &find(&hooks, "tracepoint:block_bio_complete").detail;
+            assert!(complete.ends_with("has struct bio * at argument 1: variant a1"), "{complete}");
+        }
+    }
+
+    #[test]
+    fn an_old_kernel_s_layout_is_named_and_a_missing_path_names_the_kernel() {
+        let mut f = Fixture::load("6.1.0-57-amd64");
+        f.member("bio", "bi_bdev", None).member("bio", "bi_disk", Some(8));
+        f.member("bio", "bi_partno", Some(27)).member("bio", "bi_blkg", None);
+        f.member("request", "rq_disk", Some(160)).member("request", "start_time_ns", None);
+        f.member("request", "io_start_time_ns", None);
+        let (checks, _) = btf_checks(Ok(f.bytes()), &f.kernel);
+        assert_eq!(
+            find(&checks, "layout").detail,
+            "every struct offset tracerd reads resolves; variants: bio->bi_disk + bi_partno (before 5.12), \
+             rq->rq_disk (before 5.17), cgroup: the submitting task's (no CONFIG_BLK_CGROUP), request \
+             timestamps: none"
+        );
+        f.member("bio", "bi_disk", None);
+        let (checks, _) = btf_checks(Ok(f.bytes()), &f.kernel);
+        let layout = find(&checks, "layout");
+        assert_eq!(layout.status, Status::Fail);
+        assert_eq!(
+            layout.detail,
+            "kernel 6.1.0-57-amd64: cannot trace: struct bio has neither bi_bdev (5.12+) nor bi_disk \
+             (before 5.12) in its BTF"
+        );
     }
 
     #[test]

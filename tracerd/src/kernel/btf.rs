@@ -97,6 +97,9 @@ pub struct Btf {
     type_data: Vec<u8>,
     strings: Vec<u8>,
     by_name: HashMap<String, Vec<u32>>,
+    /// Every lookup start-up made, in order: what a fixture of this kernel keeps.
+    #[cfg(test)]
+    reads: std::sync::Mutex<Vec<fixtures::Read>>,
 }
 
 fn u32_at(data: &[u8], off: usize) -> Result<u32, BtfError> {
@@ -124,7 +127,14 @@ impl Btf {
         };
         let type_data = section(type_off, type_len)?.to_vec();
         let strings = section(str_off, str_len)?.to_vec();
-        let mut btf = Btf { types: vec![], type_data, strings, by_name: HashMap::new() };
+        let mut btf = Btf {
+            types: vec![],
+            type_data,
+            strings,
+            by_name: HashMap::new(),
+            #[cfg(test)]
+            reads: Default::default(),
+        };
         btf.index_types()?;
         Ok(btf)
     }
@@ -241,6 +251,8 @@ impl Btf {
 
     /// Byte offset of a member path such as `["bi_iter", "bi_sector"]` in `struct NAME`.
     pub fn member_offset(&self, strukt: &str, path: &[&str]) -> Result<u32, BtfError> {
+        #[cfg(test)]
+        self.note(fixtures::Read::Member(strukt.into(), path.join(".")));
         let mut id = self.find(strukt, Kind::Struct).ok_or_else(|| BtfError::NoStruct(strukt.into()))?;
         let mut bits = 0;
         for member in path {
@@ -254,12 +266,16 @@ impl Btf {
     }
 
     pub fn has_member(&self, strukt: &str, member: &str) -> bool {
+        #[cfg(test)]
+        self.note(fixtures::Read::Member(strukt.into(), member.into()));
         self.find(strukt, Kind::Struct).is_some_and(|id| self.find_member(id, member).is_some())
     }
 
     /// Parameters of the function prototype behind a `btf_trace_<tracepoint>` typedef, without
     /// the leading `void *__data`: for each, the struct its pointer points to (or "" if none).
     pub fn tracepoint_args(&self, tracepoint: &str) -> Option<Vec<String>> {
+        #[cfg(test)]
+        self.note(fixtures::Read::Tracepoint(tracepoint.into()));
         let typedef = self.find(&format!("btf_trace_{tracepoint}"), Kind::Typedef)?;
         let ptr = self.skip_modifiers(typedef);
         let proto = self.skip_modifiers(self.ty(ptr).filter(|t| t.kind == Kind::Ptr)?.size_or_type);
@@ -278,6 +294,8 @@ impl Btf {
 
     /// Value of an enumerator (`REQ_OP_WRITE`, `__REQ_SYNC`) in any enum.
     pub fn enumerator(&self, name: &str) -> Option<i64> {
+        #[cfg(test)]
+        self.note(fixtures::Read::Enumerator(name.into()));
         self.types.iter().find_map(|t| match t.kind {
             Kind::Enum => (0..t.vlen as usize)
                 .map(|i| t.extra + 8 * i)
@@ -290,7 +308,16 @@ impl Btf {
             _ => None,
         })
     }
+
+    #[cfg(test)]
+    fn note(&self, read: fixtures::Read) {
+        self.reads.lock().unwrap().push(read);
+    }
 }
+
+#[cfg(test)]
+#[path = "fixtures/mod.rs"]
+pub(crate) mod fixtures;
 
 #[cfg(test)]
 pub(crate) mod tests {

@@ -188,20 +188,29 @@ impl HookStatus {
 impl Hook {
     /// Which compiled variant fits this kernel's tracepoint arguments.
     pub fn variant(&self, btf: &Btf) -> Result<usize, String> {
-        let args = btf
-            .tracepoint_args(self.tracepoint)
-            .ok_or_else(|| format!("tracepoint {} is not in this kernel", self.tracepoint))?;
+        let tp = self.tracepoint;
+        let args = btf.tracepoint_args(tp).ok_or_else(|| format!("tracepoint {tp} is not in this kernel"))?;
         let pos = args.iter().position(|a| a == self.pointer).ok_or_else(|| {
-            format!("tracepoint {} has no struct {} * argument ({args:?})", self.tracepoint, self.pointer)
+            let found: Vec<String> = args
+                .iter()
+                .map(|a| if a.is_empty() { "other".into() } else { format!("struct {a} *") })
+                .collect();
+            format!(
+                "tracepoint {tp} has no struct {} * argument (it has: {})",
+                self.pointer,
+                found.join(", ")
+            )
         })?;
         if self.variants.contains(&pos) {
-            Ok(pos)
-        } else {
-            Err(format!(
-                "tracepoint {} has struct {} * at argument {pos}, which tracerd was not built for",
-                self.tracepoint, self.pointer
-            ))
+            return Ok(pos);
         }
+        let built: Vec<String> = self.variants.iter().map(usize::to_string).collect();
+        Err(format!(
+            "tracepoint {tp} has struct {} * at argument {pos}, which tracerd was not built for \
+             (only {})",
+            self.pointer,
+            built.join(" or ")
+        ))
     }
 
     /// Loads and attaches this hook; the link lives as long as `ebpf`.
@@ -274,23 +283,88 @@ fn attach_raw_tp(ebpf: &mut Ebpf, name: &str, tp: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::btf::tests::Builder;
+    use crate::kernel::btf::fixtures::Fixture;
+
+    fn hook(tp: &str) -> &'static Hook {
+        HOOKS.iter().find(|h| h.tracepoint == tp).unwrap()
+    }
+
+    fn variants(f: &Fixture) -> Vec<(&'static str, Result<usize, String>)> {
+        let btf = f.btf();
+        HOOKS.iter().map(|h| (h.tracepoint, h.variant(&btf))).collect()
+    }
 
     #[test]
-    fn variants_follow_the_kernel_arity() {
-        let mut b = Builder::new();
-        let (q, rq, bio) = (b.fwd("request_queue"), b.fwd("request"), b.fwd("bio"));
-        let (qp, rqp, biop) = (b.ptr(q), b.ptr(rq), b.ptr(bio));
-        b.tracepoint("block_rq_issue", &[rqp]); // 5.11+
-        b.tracepoint("block_rq_insert", &[qp, rqp]); // before 5.11
-        b.tracepoint("block_bio_backmerge", &[qp, rqp, biop]); // before 5.11
-        b.tracepoint("block_getrq", &[qp]); // nonsense: no bio
-        let btf = Btf::parse(&b.build()).unwrap();
-        let hook = |tp: &str| HOOKS.iter().find(|h| h.tracepoint == tp).unwrap();
-        assert_eq!(hook("block_rq_issue").variant(&btf), Ok(0));
-        assert_eq!(hook("block_rq_insert").variant(&btf), Ok(1));
-        assert_eq!(hook("block_bio_backmerge").variant(&btf), Ok(2));
-        assert!(hook("block_getrq").variant(&btf).unwrap_err().contains("no struct bio"));
-        assert!(hook("block_split").variant(&btf).unwrap_err().contains("not in this kernel"));
+    fn real_kernels_take_argument_0_except_bio_complete() {
+        // 5.11+: block_bio_complete alone still passes the queue first.
+        let expected: Vec<(&str, Result<usize, String>)> = HOOKS
+            .iter()
+            .map(|h| (h.tracepoint, Ok(if h.tracepoint == "block_bio_complete" { 1 } else { 0 })))
+            .collect();
+        for f in Fixture::all() {
+            assert_eq!(variants(&f), expected, "{}", f.kernel);
+            assert_eq!(f.args("block_rq_complete"), ["request", "", ""], "{}", f.kernel);
+        }
+    }
+
+    #[test]
+    fn before_5_11_the_queue_came_first() {
+        let mut f = Fixture::load("6.1.0-57-amd64");
+        for h in HOOKS {
+            let dropped_in_5_11: &[&str] = match h.tracepoint {
+                // Unchanged in 5.11.
+                "block_rq_complete" | "block_bio_complete" => &[],
+                "block_bio_backmerge" | "block_bio_frontmerge" => &["request_queue", "request"],
+                _ => &["request_queue"],
+            };
+            let now = f.args(h.tracepoint);
+            let args: Vec<&str> =
+                dropped_in_5_11.iter().copied().chain(now.iter().map(String::as_str)).collect();
+            f.tracepoint(h.tracepoint, Some(&args));
+        }
+        let btf = f.btf();
+        for h in HOOKS {
+            let expected = match h.tracepoint {
+                "block_rq_complete" => 0,
+                "block_bio_backmerge" | "block_bio_frontmerge" => 2,
+                _ => 1,
+            };
+            assert_eq!(h.variant(&btf), Ok(expected), "{}", h.tracepoint);
+        }
+    }
+
+    #[test]
+    fn a_tracepoint_the_kernel_lacks_is_not_in_this_kernel() {
+        let mut f = Fixture::load("6.12.117+deb12-rt-amd64");
+        f.tracepoint("block_split", None);
+        let btf = f.btf();
+        assert_eq!(
+            hook("block_split").variant(&btf),
+            Err("tracepoint block_split is not in this kernel".into())
+        );
+        assert_eq!(hook("block_getrq").variant(&btf), Ok(0), "the others stay");
+    }
+
+    #[test]
+    fn an_argument_tracerd_was_not_built_for_is_named() {
+        let mut f = Fixture::load("6.18.44-fc-v595");
+        f.tracepoint("block_bio_queue", Some(&["request_queue", "", "bio"]));
+        f.tracepoint("block_rq_complete", Some(&["", "request"]));
+        f.tracepoint("block_getrq", Some(&["request_queue", ""]));
+        let btf = f.btf();
+        assert_eq!(
+            hook("block_bio_queue").variant(&btf).unwrap_err(),
+            "tracepoint block_bio_queue has struct bio * at argument 2, which tracerd was not built for \
+             (only 0 or 1)"
+        );
+        assert_eq!(
+            hook("block_rq_complete").variant(&btf).unwrap_err(),
+            "tracepoint block_rq_complete has struct request * at argument 1, which tracerd was not built \
+             for (only 0)"
+        );
+        assert_eq!(
+            hook("block_getrq").variant(&btf).unwrap_err(),
+            "tracepoint block_getrq has no struct bio * argument (it has: struct request_queue *, other)"
+        );
     }
 }

@@ -1,16 +1,19 @@
 //! The running kernel's struct layout, read from BTF at start-up and handed to the programs.
 //! Each kernel difference is one named choice here, never a constant for one kernel.
 
-use anyhow::{Context, Result};
+use anyhow::{Result, anyhow, bail};
 use tracer_common::{KernelLayout, bio_dev_path, rq_disk_path};
 
-use crate::kernel::btf::Btf;
+use crate::kernel::btf::{Btf, BtfError};
 
-/// Resolves every offset the kernel programs read.
-pub fn resolve(btf: &Btf) -> Result<KernelLayout> {
+/// Resolves every offset the kernel programs read; errors name `kernel` (the release) and what
+/// its BTF lacks.
+pub fn resolve(btf: &Btf, kernel: &str) -> Result<KernelLayout> {
+    let cannot = format!("kernel {kernel}: cannot trace");
     let off = |s: &str, path: &[&str]| {
-        btf.member_offset(s, path).with_context(|| {
-            format!("cannot trace this kernel: struct {s} lacks {} in its BTF", path.join("."))
+        btf.member_offset(s, path).map_err(|e| match e {
+            BtfError::NoStruct(_) => anyhow!("{cannot}: its BTF has no struct {s}"),
+            _ => anyhow!("{cannot}: struct {s} lacks {} in its BTF", path.join(".")),
         })
     };
     let mut l = KernelLayout {
@@ -36,10 +39,12 @@ pub fn resolve(btf: &Btf) -> Result<KernelLayout> {
         l.bio_dev_path = bio_dev_path::BDEV;
         l.bio_bi_bdev = off("bio", &["bi_bdev"])?;
         l.bdev_bd_dev = off("block_device", &["bd_dev"])?;
-    } else {
+    } else if btf.has_member("bio", "bi_disk") {
         l.bio_dev_path = bio_dev_path::DISK_PARTNO;
         l.bio_bi_disk = off("bio", &["bi_disk"])?;
         l.bio_bi_partno = off("bio", &["bi_partno"])?;
+    } else {
+        bail!("{cannot}: struct bio has neither bi_bdev (5.12+) nor bi_disk (before 5.12) in its BTF");
     }
     // The request's own timestamps, read beside the probes' (not needed to trace).
     if btf.has_member("request", "start_time_ns") {
@@ -62,99 +67,157 @@ pub fn resolve(btf: &Btf) -> Result<KernelLayout> {
     if btf.has_member("request", "rq_disk") {
         l.rq_disk_path = rq_disk_path::RQ_DISK;
         l.rq_rq_disk = off("request", &["rq_disk"])?;
-    } else {
+    } else if btf.has_member("request_queue", "disk") {
         l.rq_disk_path = rq_disk_path::QUEUE;
         l.queue_disk = off("request_queue", &["disk"])?;
+    } else {
+        bail!("{cannot}: struct request has neither rq_disk (before 5.17) nor q->disk (5.17+) in its BTF");
     }
     Ok(l)
+}
+
+/// The choices `resolve` made, in the words `tracerd doctor` prints.
+pub fn describe(l: &KernelLayout) -> String {
+    let bio = match l.bio_dev_path {
+        bio_dev_path::BDEV => "bio->bi_bdev (5.12+)",
+        _ => "bio->bi_disk + bi_partno (before 5.12)",
+    };
+    let rq = match l.rq_disk_path {
+        rq_disk_path::QUEUE => "rq->q->disk (5.17+)",
+        _ => "rq->rq_disk (before 5.17)",
+    };
+    let cgroup = match l.bio_cgroup {
+        0 => "the submitting task's (no CONFIG_BLK_CGROUP)",
+        _ => "bio->bi_blkg (CONFIG_BLK_CGROUP)",
+    };
+    // Offset 0 is `q`, never a timestamp: 0 means absent.
+    let stamps: Vec<&str> =
+        [(l.rq_start_time_ns, "start_time_ns"), (l.rq_io_start_time_ns, "io_start_time_ns")]
+            .into_iter()
+            .filter(|&(off, _)| off != 0)
+            .map(|(_, name)| name)
+            .collect();
+    let stamps = if stamps.is_empty() { "none".to_owned() } else { stamps.join("+") };
+    format!("{bio}, {rq}, cgroup: {cgroup}, request timestamps: {stamps}")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::btf::tests::Builder;
+    use crate::kernel::btf::fixtures::Fixture;
 
-    fn kernel(new_style: bool) -> Btf {
-        let mut b = Builder::new();
-        let u32t = b.int("unsigned int", 4);
-        let u64t = b.int("long long unsigned int", 8);
-        let iter = b.strukt("bvec_iter", 4, 16, &[("bi_sector", u64t, 0), ("bi_size", u32t, 8)]);
-        b.strukt("gendisk", 4, 64, &[("major", u32t, 0), ("first_minor", u32t, 4)]);
-        b.strukt("block_device", 4, 64, &[("bd_start_sect", u64t, 0), ("bd_dev", u32t, 12)]);
-        let dev_member = if new_style { "bi_bdev" } else { "bi_disk" };
-        let mut bio = vec![
-            (dev_member, u64t, 8),
-            ("bi_partno", u32t, 16),
-            ("bi_opf", u32t, 20),
-            ("bi_iter", iter, 32),
-            ("bi_private", u64t, 64),
-            ("bi_status", u32t, 72),
-            ("bi_next", u64t, 0),
+    #[test]
+    fn real_kernels_take_bi_bdev_q_disk_and_the_blkcg_chain() {
+        // (kernel, bio bi_status, block_device bd_dev, request_queue disk, task_struct comm,
+        // cgroup kn, kernfs_node id): what differs between them.
+        let kernels = [
+            ("6.1.0-57-amd64", 24, 36, 160, 2976, 248, 104),
+            ("6.12.117+deb12-amd64", 25, 52, 104, 2976, 256, 96),
+            ("6.12.117+deb12-rt-amd64", 25, 52, 168, 3016, 256, 96),
+            ("6.12.117+deb12-cloud-amd64", 25, 52, 104, 2976, 256, 96),
+            ("6.18.44-fc-v595", 26, 52, 104, 1752, 256, 96),
         ];
-        // Kernels built without CONFIG_BLK_CGROUP have no bi_blkg.
-        if new_style {
-            bio.push(("bi_blkg", u64t, 80));
+        assert_eq!(kernels.len(), Fixture::all().len(), "every fixture is checked");
+        for (kernel, bi_status, bd_dev, queue_disk, comm, kn, kn_id) in kernels {
+            let l = resolve(&Fixture::load(kernel).btf(), kernel).unwrap();
+            assert_eq!(
+                (l.bio_dev_path, l.rq_disk_path),
+                (bio_dev_path::BDEV, rq_disk_path::QUEUE),
+                "{kernel}"
+            );
+            let bio = (l.bio_bi_next, l.bio_bi_bdev, l.bio_bi_opf, l.bio_bi_status, l.bio_bi_sector);
+            assert_eq!(bio, (0, 8, 16, bi_status, 32), "{kernel}");
+            assert_eq!((l.bio_bi_size, l.bio_bi_private, l.bio_bi_blkg), (40, 64, 72), "{kernel}");
+            let rq = (l.rq_q, l.rq_cmd_flags, l.rq_data_len, l.rq_sector, l.rq_bio);
+            assert_eq!(rq, (0, 24, 44, 48, 56), "{kernel}");
+            assert_eq!((l.rq_start_time_ns, l.rq_io_start_time_ns), (104, 112), "{kernel}");
+            assert_eq!((l.bdev_bd_dev, l.queue_disk, l.task_comm), (bd_dev, queue_disk, comm), "{kernel}");
+            assert_eq!((l.disk_major, l.disk_first_minor, l.queue_data_rq), (0, 4, 0), "{kernel}");
+            assert_eq!(l.bio_cgroup, 1, "{kernel}");
+            let chain = (l.blkg_blkcg, l.blkcg_css_cgroup, l.cgroup_kn, l.kernfs_node_id);
+            assert_eq!(chain, (40, 0, kn, kn_id), "{kernel}");
+            assert_eq!((l.bio_bi_disk, l.bio_bi_partno, l.rq_rq_disk), (0, 0, 0), "{kernel}: not read");
         }
-        b.strukt("bio", 4, 128, &bio);
-        b.strukt("request_queue", 4, 64, &[("disk", u64t, 40)]);
-        b.strukt("blk_mq_queue_data", 4, 16, &[("rq", u64t, 0), ("last", u32t, 8)]);
-        b.strukt("task_struct", 4, 4096, &[("comm", u64t, 3000)]);
-        let css = b.strukt("cgroup_subsys_state", 4, 64, &[("cgroup", u64t, 0), ("ss", u64t, 8)]);
-        b.strukt("blkcg_gq", 4, 64, &[("q", u64t, 0), ("blkcg", u64t, 40)]);
-        b.strukt("blkcg", 4, 128, &[("lock", u32t, 0), ("css", css, 16)]);
-        b.strukt("cgroup", 4, 256, &[("self", css, 0), ("kn", u64t, 200)]);
-        b.strukt("kernfs_node", 4, 128, &[("count", u32t, 0), ("id", u64t, 88)]);
-        let mut rq = vec![
-            ("q", u64t, 0),
-            ("cmd_flags", u32t, 24),
-            ("__data_len", u32t, 44),
-            ("__sector", u64t, 48),
-            ("bio", u64t, 56),
-        ];
-        if new_style {
-            rq.extend([("start_time_ns", u64t, 104), ("io_start_time_ns", u64t, 112)]);
-        } else {
-            rq.push(("rq_disk", u64t, 96));
-        }
-        b.strukt("request", 4, 128, &rq);
-        Btf::parse(&b.build()).unwrap()
     }
 
     #[test]
-    fn new_kernels_use_bdev_and_queue_disk() {
-        let l = resolve(&kernel(true)).unwrap();
-        assert_eq!(l.bio_dev_path, bio_dev_path::BDEV);
-        assert_eq!((l.bio_bi_bdev, l.bdev_bd_dev), (8, 12));
-        assert_eq!(l.rq_disk_path, rq_disk_path::QUEUE);
-        assert_eq!(l.queue_disk, 40);
-        assert_eq!((l.bio_bi_sector, l.bio_bi_size, l.bio_bi_private), (32, 40, 64));
-        assert_eq!((l.rq_cmd_flags, l.rq_data_len, l.rq_sector, l.rq_bio), (24, 44, 48, 56));
-        assert_eq!(l.task_comm, 3000);
-        assert_eq!((l.rq_start_time_ns, l.rq_io_start_time_ns), (104, 112));
-        assert_eq!(l.bio_cgroup, 1);
-        assert_eq!(
-            (l.bio_bi_blkg, l.blkg_blkcg, l.blkcg_css_cgroup, l.cgroup_kn, l.kernfs_node_id),
-            (80, 40, 16, 200, 88)
-        );
-    }
-
-    #[test]
-    fn old_kernels_use_bi_disk_and_rq_disk() {
-        let l = resolve(&kernel(false)).unwrap();
+    fn before_5_12_a_bio_names_its_disk_and_partition() {
+        let mut f = Fixture::load("6.1.0-57-amd64");
+        // struct bio of 5.10.
+        f.member("bio", "bi_bdev", None).member("bio", "bi_disk", Some(8));
+        f.member("bio", "bi_partno", Some(27)).member("bio", "bi_status", Some(26));
+        let l = resolve(&f.btf(), &f.kernel).unwrap();
         assert_eq!(l.bio_dev_path, bio_dev_path::DISK_PARTNO);
-        assert_eq!((l.bio_bi_disk, l.bio_bi_partno), (8, 16));
-        assert_eq!(l.rq_disk_path, rq_disk_path::RQ_DISK);
-        assert_eq!(l.rq_rq_disk, 96);
-        assert_eq!((l.rq_start_time_ns, l.rq_io_start_time_ns), (0, 0), "absent: not read");
-        assert_eq!(l.bio_cgroup, 0, "no blkcg: the task's cgroup is used");
+        assert_eq!((l.bio_bi_disk, l.bio_bi_partno, l.bio_bi_status), (8, 27, 26));
+        assert_eq!((l.bio_bi_bdev, l.bdev_bd_dev), (0, 0), "not read");
+        assert!(describe(&l).starts_with("bio->bi_disk + bi_partno (before 5.12), rq->q->disk"));
     }
 
     #[test]
-    fn a_missing_member_says_which() {
-        let mut b = Builder::new();
-        let u32t = b.int("unsigned int", 4);
-        b.strukt("bio", 4, 8, &[("bi_opf", u32t, 0)]);
-        let err = resolve(&Btf::parse(&b.build()).unwrap()).unwrap_err();
-        assert!(format!("{err:#}").contains("struct bio lacks bi_iter.bi_sector"), "{err:#}");
+    fn before_5_17_a_request_names_its_disk() {
+        let mut f = Fixture::load("6.12.117+deb12-amd64");
+        f.member("request", "rq_disk", Some(160));
+        let l = resolve(&f.btf(), &f.kernel).unwrap();
+        assert_eq!((l.rq_disk_path, l.rq_rq_disk, l.queue_disk), (rq_disk_path::RQ_DISK, 160, 0));
+        assert!(describe(&l).starts_with("bio->bi_bdev (5.12+), rq->rq_disk (before 5.17), cgroup"));
+    }
+
+    #[test]
+    fn without_blk_cgroup_the_task_cgroup_is_used() {
+        let mut f = Fixture::load("6.18.44-fc-v595");
+        f.member("bio", "bi_blkg", None);
+        let l = resolve(&f.btf(), &f.kernel).unwrap();
+        assert_eq!(l.bio_cgroup, 0);
+        assert_eq!((l.bio_bi_blkg, l.blkg_blkcg, l.cgroup_kn, l.kernfs_node_id), (0, 0, 0, 0), "not read");
+        assert!(describe(&l).contains(", cgroup: the submitting task's (no CONFIG_BLK_CGROUP), "));
+    }
+
+    #[test]
+    fn request_timestamps_are_read_where_present() {
+        let mut f = Fixture::load("6.12.117+deb12-rt-amd64");
+        f.member("request", "start_time_ns", None);
+        let l = resolve(&f.btf(), &f.kernel).unwrap();
+        assert_eq!((l.rq_start_time_ns, l.rq_io_start_time_ns), (0, 112));
+        assert!(describe(&l).ends_with("request timestamps: io_start_time_ns"));
+        f.member("request", "io_start_time_ns", None);
+        let l = resolve(&f.btf(), &f.kernel).unwrap();
+        assert_eq!((l.rq_start_time_ns, l.rq_io_start_time_ns), (0, 0));
+        assert!(describe(&l).ends_with("request timestamps: none"));
+    }
+
+    #[test]
+    fn what_a_kernel_lacks_is_named_with_the_kernel() {
+        let error = |f: &Fixture| format!("{:#}", resolve(&f.btf(), &f.kernel).unwrap_err());
+        let mut f = Fixture::load("6.1.0-57-amd64");
+        f.member("bio", "bi_bdev", None);
+        assert_eq!(
+            error(&f),
+            "kernel 6.1.0-57-amd64: cannot trace: struct bio has neither bi_bdev (5.12+) nor bi_disk \
+             (before 5.12) in its BTF"
+        );
+        f.member("bio", "bi_disk", Some(8));
+        assert_eq!(error(&f), "kernel 6.1.0-57-amd64: cannot trace: struct bio lacks bi_partno in its BTF");
+
+        let mut f = Fixture::load("6.18.44-fc-v595");
+        f.member("request_queue", "disk", None);
+        assert_eq!(
+            error(&f),
+            "kernel 6.18.44-fc-v595: cannot trace: struct request has neither rq_disk (before 5.17) nor \
+             q->disk (5.17+) in its BTF"
+        );
+
+        let mut f = Fixture::load("6.12.117+deb12-cloud-amd64");
+        f.member("bio", "bi_iter.bi_sector", None);
+        assert_eq!(
+            error(&f),
+            "kernel 6.12.117+deb12-cloud-amd64: cannot trace: struct bio lacks bi_iter.bi_sector in its BTF"
+        );
+        let mut f = Fixture::load("6.12.117+deb12-cloud-amd64");
+        f.sizes.remove("blk_mq_queue_data");
+        f.member("blk_mq_queue_data", "rq", None);
+        assert_eq!(
+            error(&f),
+            "kernel 6.12.117+deb12-cloud-amd64: cannot trace: its BTF has no struct blk_mq_queue_data"
+        );
     }
 }

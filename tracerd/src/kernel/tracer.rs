@@ -142,7 +142,9 @@ impl Tracer {
     pub fn load(opts: &LoadOptions) -> Result<Tracer> {
         preflight()?;
         let btf = Btf::from_sys_fs().with_context(|| format!("cannot read kernel BTF from {VMLINUX}"))?;
-        let layout = layout::resolve(&btf)?;
+        let release = kernel_release();
+        let layout = layout::resolve(&btf, &release)?;
+        tracing::debug!("kernel {release}: {}", layout::describe(&layout));
         let ops = OpDecoder::from_btf(&btf)?;
         let aya_btf = AyaBtf::from_sys_fs().ok();
         let ring_bytes = opts.ring_buffer_bytes.unwrap_or(limits::RINGBUF_BYTES);
@@ -176,7 +178,10 @@ impl Tracer {
                 (None, why) => {
                     let why = why.as_deref().unwrap_or("unknown reason");
                     if hook.required {
-                        bail!("cannot attach {}, which tracerd needs: {why}", hook.tracepoint);
+                        bail!(
+                            "kernel {release}: cannot attach {}, which tracerd needs: {why}",
+                            hook.tracepoint
+                        );
                     }
                     tracing::warn!("skipped {}: {why}", hook.tracepoint);
                 }
@@ -341,6 +346,12 @@ pub struct ProgramTotals {
     /// already running (a completion in a hard interrupt over one in a soft interrupt) is not
     /// run. 0 on kernels before 5.12, which do not count them.
     pub recursion_misses: u64,
+}
+
+/// Whether the kernel reports the runs it skipped (`bpf_prog_info.recursion_misses`, 5.12+):
+/// before, `ProgramTotals::recursion_misses` stays 0 whatever it skipped.
+pub fn counts_recursion_misses(btf: &Btf) -> bool {
+    btf.has_member("bpf_prog_info", "recursion_misses")
 }
 
 /// One program's bpf_prog_info (BPF_OBJ_GET_INFO_BY_FD; aya does not expose these fields).
