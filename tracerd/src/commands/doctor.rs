@@ -108,7 +108,11 @@ fn run_checks(load: bool) -> Vec<Check> {
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
     let release = tracer::kernel_release();
-    let mut checks = vec![kernel_check(&release), privileges_check(caps, euid)];
+    let rt = preempt_rt(
+        std::fs::read_to_string(REALTIME).ok().as_deref(),
+        &read_sysctl("version").unwrap_or_default(),
+    );
+    let mut checks = vec![kernel_check(&release, rt), privileges_check(caps, euid)];
 
     let (btf_checks, btf) = btf_checks(std::fs::read(VMLINUX), &release);
     checks.extend(btf_checks);
@@ -145,6 +149,7 @@ fn run_checks(load: bool) -> Vec<Check> {
     checks.push(agent_check(socket, api::call(socket, &api::Request::Status {}, "status")));
     checks.push(load_check(&load_test));
     checks.push(bpf_stats_check(read_sysctl("bpf_stats_enabled").as_deref()));
+    checks.push(recursion_check(btf.as_ref()));
     checks.push(unprivileged_bpf_check(read_sysctl("unprivileged_bpf_disabled").as_deref()));
     checks.push(devices_check(topology.as_ref().map_err(String::as_str), kprobes_available()));
     checks
@@ -160,7 +165,17 @@ fn parse_release(release: &str) -> Option<(u32, u32)> {
     Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
-fn kernel_check(release: &str) -> Check {
+/// Present, holding 1, on kernels with the PREEMPT_RT patch set (Debian's -rt among them);
+/// mainline PREEMPT_RT (6.12+) without those patches lacks it.
+const REALTIME: &str = "/sys/kernel/realtime";
+
+/// Whether the kernel is PREEMPT_RT: /sys/kernel/realtime holds 1, or `uname -v` (the
+/// `version` sysctl) names it, as every PREEMPT_RT build does.
+fn preempt_rt(realtime: Option<&str>, version: &str) -> bool {
+    realtime.is_some_and(|r| r.trim() == "1") || version.split_whitespace().any(|w| w == "PREEMPT_RT")
+}
+
+fn kernel_check(release: &str, preempt_rt: bool) -> Check {
     match parse_release(release) {
         // Distributions backport, so an old number is a warning; the ring buffer check decides.
         Some(v) if v < (5, 8) => Check::new(
@@ -172,6 +187,14 @@ fn kernel_check(release: &str) -> Check {
             ),
         )
         .advice("use kernel 5.8 or later (tracerd is tested on 6.1 and 6.18)"),
+        Some(_) if preempt_rt => Check::new(
+            "kernel",
+            Status::Ok,
+            format!(
+                "{release}, PREEMPT_RT: interrupt handlers and softirqs run in threads, so a completion \
+                 is traced when its thread runs (D2C includes that thread's scheduling delay)"
+            ),
+        ),
         Some(_) => Check::new("kernel", Status::Ok, release),
         None => Check::new("kernel", Status::Warn, format!("cannot read the version in release '{release}'")),
     }
@@ -704,6 +727,25 @@ fn bpf_stats_check(value: Option<&str>) -> Check {
     }
 }
 
+/// Whether the kernel counts the runs of tracerd's programs it skips (see `ProgramTotals`).
+fn recursion_check(btf: Option<&Btf>) -> Check {
+    let name = "recursion_misses";
+    match btf {
+        None => Check::new(name, Status::Warn, "not checked without BTF (see btf)"),
+        Some(btf) if tracer::counts_recursion_misses(btf) => Check::new(
+            name,
+            Status::Ok,
+            "counted: program runs the kernel skips show as lost{reason=recursion}",
+        ),
+        Some(_) => Check::new(
+            name,
+            Status::Warn,
+            "this kernel (before 5.12) does not count skipped program runs: lost{reason=recursion} \
+             stays 0 even when runs are skipped",
+        ),
+    }
+}
+
 fn unprivileged_bpf_check(value: Option<&str>) -> Check {
     let name = "kernel.unprivileged_bpf_disabled";
     let detail = match value {
@@ -953,8 +995,8 @@ garbage
         assert_eq!(parse_release("6.18.44-fc-v857"), Some((6, 18)));
         assert_eq!(parse_release("5.4.0-150-generic"), Some((5, 4)));
         assert_eq!(parse_release("unknown"), None);
-        assert_eq!(kernel_check("6.1.0-40-amd64").status, Status::Ok);
-        assert_eq!(kernel_check("5.4.0-150-generic").status, Status::Warn);
+        assert_eq!(kernel_check("6.1.0-40-amd64", false).status, Status::Ok);
+        assert_eq!(kernel_check("5.4.0-150-generic", false).status, Status::Warn);
     }
 
     /// A kernel BTF with the block tracepoints of 5.11+ except `block_split` and `block_getrq`,
@@ -1190,6 +1232,12 @@ garbage
             assert!(hooks.iter().all(|c| c.status == Status::Ok), "{}: {hooks:?}", f.kernel);
             let complete = &find(&hooks, "tracepoint:block_bio_complete").detail;
             assert!(complete.ends_with("has struct bio * at argument 1: variant a1"), "{complete}");
+            let counted = recursion_check(btf.as_ref());
+            assert_eq!((counted.status, counted.name.as_str()), (Status::Ok, "recursion_misses"));
+            assert_eq!(
+                counted.detail,
+                "counted: program runs the kernel skips show as lost{reason=recursion}"
+            );
         }
     }
 
@@ -1216,6 +1264,40 @@ garbage
             "kernel 6.1.0-57-amd64: cannot trace: struct bio has neither bi_bdev (5.12+) nor bi_disk \
              (before 5.12) in its BTF"
         );
+    }
+
+    #[test]
+    fn before_5_12_skipped_runs_are_not_counted() {
+        let mut f = Fixture::load("6.12.117+deb12-amd64");
+        f.member("bpf_prog_info", "recursion_misses", None);
+        let c = recursion_check(Some(&f.btf()));
+        assert_eq!(c.status, Status::Warn);
+        assert_eq!(
+            c.detail,
+            "this kernel (before 5.12) does not count skipped program runs: lost{reason=recursion} stays 0 \
+             even when runs are skipped"
+        );
+        assert_eq!(recursion_check(None).status, Status::Warn);
+    }
+
+    #[test]
+    fn preempt_rt_is_read_from_sysfs_or_uname() {
+        // Debian's -rt kernels carry the RT patch set's /sys/kernel/realtime (its BTF has
+        // realtime_show); a mainline PREEMPT_RT build without it says so in `uname -v` alone.
+        assert!(preempt_rt(Some("1\n"), "#1 SMP PREEMPT_RT Debian 6.12.117-1"));
+        assert!(preempt_rt(None, "#1 SMP PREEMPT_RT Thu Jan  1 00:00:00 UTC 2026"));
+        assert!(!preempt_rt(None, "#1 SMP PREEMPT_DYNAMIC Debian 6.12.117-1"));
+        assert!(!preempt_rt(None, "#1 SMP PREEMPT_DYNAMIC Debian 6.1.158-1"));
+        assert!(!preempt_rt(None, "#1 SMP PREEMPT_DYNAMIC @0"));
+        assert!(!preempt_rt(Some("0\n"), ""));
+        let rt = kernel_check("6.12.117+deb12-rt-amd64", true);
+        assert_eq!(rt.status, Status::Ok);
+        assert_eq!(
+            rt.detail,
+            "6.12.117+deb12-rt-amd64, PREEMPT_RT: interrupt handlers and softirqs run in threads, so a \
+             completion is traced when its thread runs (D2C includes that thread's scheduling delay)"
+        );
+        assert_eq!(kernel_check("6.12.117+deb12-amd64", false).detail, "6.12.117+deb12-amd64");
     }
 
     #[test]
