@@ -36,6 +36,7 @@ pub fn iogen_bin() -> PathBuf {
     profile_dir.join("iogen")
 }
 
+pub mod kernels;
 pub mod prometheus;
 
 fn unique(prefix: &str) -> String {

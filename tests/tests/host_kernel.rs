@@ -674,6 +674,23 @@ fn doctor_checks_this_kernel_and_says_what_privileges_change() {
     assert!(!text.contains('\x1b'), "no colour when stdout is not a terminal");
 }
 
+/// What start-up detection must choose on this kernel (tests/src/kernels.rs, the README's
+/// support matrix): on the host, and on each VM kernel that runs these tests.
+#[test]
+fn doctor_chooses_what_this_kernel_must_get() {
+    require_root();
+    let release = tracerd::kernel::tracer::kernel_release();
+    let (status, checks, err) = doctor(&[], &["--json"]);
+    assert!(status.success(), "doctor failed here:\n{checks:#?}\n{err}");
+    match tracerd_tests::kernels::assert_doctor_chose(&release, &checks) {
+        Some(log) => eprintln!("{}", log.join("\n")),
+        None => eprintln!(
+            "SKIPPED doctor_chooses_what_this_kernel_must_get: kernel {release} is not one tracerd is \
+             tested on (tests/src/kernels.rs)"
+        ),
+    }
+}
+
 /// Min, median and max of signed differences (ns), for the report.
 fn spread(mut v: Vec<i64>) -> String {
     if v.is_empty() {

@@ -179,15 +179,6 @@ for t in doctor_json doctor_text; do emit $t; done"#,
 /// Every scenario name, in the order they run (the smoke scenario is written in vm.rs).
 pub const NAMES: &[&str] = &["smoke", "doctor", "dm", "md", "nullb", "mp", "host", "cg"];
 
-/// The stacked-device and null_blk scenarios (with smoke and doctor): what every kernel runs.
-pub const STACKED: &[&str] = &["smoke", "doctor", "dm", "md", "nullb", "mp"];
-
-/// Tests in tests/tests/vm.rs that assert on one scenario alone: skipped where it did not run.
-pub const TESTS_OF: &[(&str, &str)] = &[
-    ("host", "host_kernel_tests_pass_on_the_second_kernel"),
-    ("cg", "cgroup_tests_pass_on_cgroup_v2_with_writeback"),
-];
-
 /// Every scenario but smoke, in order.
 pub fn all() -> String {
     [
