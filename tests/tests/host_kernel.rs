@@ -674,6 +674,56 @@ fn doctor_checks_this_kernel_and_says_what_privileges_change() {
     assert!(!text.contains('\x1b'), "no colour when stdout is not a terminal");
 }
 
+/// `--attach raw_tp`: the raw_tp variant of every hook (the fallback where a kernel refuses
+/// tp_btf) loaded and attached in this kernel, counting the same workload as exactly as tp_btf.
+#[test]
+fn raw_tp_hooks_count_every_io_exactly() {
+    require_root();
+    let dev = LoopDevice::new(128);
+    let mut report = Tracerd::spawn(&[
+        "report",
+        "--json",
+        "--duration",
+        "600",
+        "--attach",
+        "raw_tp",
+        "--device",
+        &dev.name,
+    ]);
+    for w in &QD1_AND_QD16 {
+        w.run(&dev);
+    }
+    assert!(report.stop(libc::SIGINT).success(), "report failed:\n{}", report.stderr_text());
+    let json: Value = serde_json::from_str(&report.stdout_text()).expect("report --json is JSON");
+    for hook in tracerd::kernel::hooks::HOOKS {
+        let h = json["hooks"].as_array().unwrap().iter().find(|h| h["hook"] == hook.tracepoint).unwrap();
+        assert_eq!(h["attach_type"], "raw_tp", "{h}");
+        assert!(h["program"].as_str().unwrap().starts_with("raw_"), "{h}");
+    }
+    let missed = missed_in_lost(&json["lost"]);
+    if missed > 0 {
+        note_missed("raw_tp_hooks_count_every_io_exactly", missed);
+        return;
+    }
+    let device = json["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["device"] == dev.name.as_str())
+        .expect("device");
+    let want = expected(&QD1_AND_QD16);
+    assert_eq!(device["ops"].as_array().unwrap().len(), want.len(), "{device}");
+    for op in device["ops"].as_array().unwrap() {
+        let name = op["op"].as_str().unwrap();
+        let (n, bytes) = want[name];
+        assert_eq!((op["requests"].as_u64(), op["bytes"].as_u64()), (Some(n), Some(bytes)), "{name}");
+        for stage in ["q2g", "q2d", "d2c", "q2c"] {
+            assert_eq!(op["stages"][stage]["count"].as_u64(), Some(n), "{name} {stage}");
+        }
+    }
+    assert!(json["lost"].as_object().unwrap().values().all(|v| v == 0), "{}", json["lost"]);
+}
+
 /// What start-up detection must choose on this kernel (tests/src/kernels.rs, the README's
 /// support matrix): on the host, and on each VM kernel that runs these tests.
 #[test]

@@ -2,7 +2,7 @@
 
 use std::{net::SocketAddr, path::PathBuf};
 
-use crate::kernel::tracer::Aggregation;
+use crate::kernel::tracer::{Aggregation, Attach};
 use clap::{Args, Parser, Subcommand, ValueEnum, builder::PossibleValue};
 
 use crate::model::stage::Stage;
@@ -43,6 +43,11 @@ pub struct TraceArgs {
     /// Kernel ring buffer size in bytes (a power of two, at least one page).
     #[arg(long, value_name = "BYTES", value_parser = parse_ring_size)]
     pub ring_buffer_bytes: Option<u32>,
+    /// How the tracepoint hooks attach: `auto` (tp_btf, falling back to raw_tp per hook) or
+    /// `raw_tp` (only raw_tp: for a kernel whose tp_btf misbehaves) [default: auto, or the
+    /// config's `attach`].
+    #[arg(long, value_enum, value_name = "HOW")]
+    pub attach: Option<Attach>,
     /// Settings file (TOML; every key in tracerd.example.toml). Flags win over it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<std::path::PathBuf>,

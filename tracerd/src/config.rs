@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use crate::{
     cli::DEFAULT_LISTEN,
-    kernel::cgroupfs::LabelForm,
+    kernel::{cgroupfs::LabelForm, tracer::Attach},
     model::aggregate::{HistogramRange, SeriesLimits},
     model::cgroups::CgroupLimits,
     model::recorder::RecorderLimits,
@@ -22,6 +22,7 @@ use crate::{
 pub struct File {
     pub listen: Option<String>,
     pub ring_buffer_bytes: Option<u64>,
+    pub attach: Option<String>,
     #[serde(default)]
     pub devices: DevicesSection,
     #[serde(default)]
@@ -107,6 +108,7 @@ pub struct SeriesSection {
 pub struct Flags {
     pub listen: Option<SocketAddr>,
     pub ring_buffer_bytes: Option<u32>,
+    pub attach: Option<Attach>,
     pub devices: Vec<String>,
     pub exclude: Vec<String>,
     pub socket: Option<std::path::PathBuf>,
@@ -118,6 +120,8 @@ pub struct Config {
     pub listen: SocketAddr,
     /// None keeps the built-in size.
     pub ring_buffer_bytes: Option<u32>,
+    /// How the tracepoint hooks attach.
+    pub attach: Attach,
     /// Devices to trace; empty means every block device.
     pub include: Vec<String>,
     /// Devices never traced (kernel names; `*` matches any run of characters).
@@ -152,6 +156,7 @@ impl Default for Config {
         Config {
             listen: DEFAULT_LISTEN.parse().expect("valid default"),
             ring_buffer_bytes: None,
+            attach: Attach::Auto,
             include: Vec::new(),
             exclude: Vec::new(),
             histogram: HistogramRange::default(),
@@ -203,6 +208,12 @@ pub fn resolve(file: File, flags: Flags) -> Result<Config> {
         (Some(b), _) => Some(b),
         (None, Some(b)) => Some(ring_size(b)?),
         (None, None) => None,
+    };
+    let attach = match (flags.attach, file.attach.as_deref()) {
+        (Some(a), _) => a,
+        (None, Some(s)) => Attach::parse(s)
+            .with_context(|| format!("attach = \"{s}\": must be auto (tp_btf, else raw_tp) or raw_tp"))?,
+        (None, None) => d.attach,
     };
     let include =
         if flags.devices.is_empty() { file.devices.include.unwrap_or_default() } else { flags.devices };
@@ -327,6 +338,7 @@ pub fn resolve(file: File, flags: Flags) -> Result<Config> {
     Ok(Config {
         listen,
         ring_buffer_bytes,
+        attach,
         include,
         exclude,
         histogram,
@@ -385,6 +397,7 @@ mod tests {
         assert_eq!(c.recorder, RecorderLimits::default());
         assert_eq!(c.socket, Config::default().socket);
         assert_eq!(c.cgroups, CgroupLimits::default());
+        assert_eq!(c.attach, Attach::Auto);
     }
 
     #[test]
@@ -400,6 +413,9 @@ mod tests {
         let c = resolve(file, flags).unwrap();
         assert_eq!((c.listen.port(), c.ring_buffer_bytes, c.include), (2, Some(65536), vec!["loop1".into()]));
         assert_eq!(from("").unwrap(), Config::default());
+        assert_eq!(from("attach = \"raw_tp\"").unwrap().attach, Attach::RawTp);
+        let flags = Flags { attach: Some(Attach::Auto), ..Flags::default() };
+        assert_eq!(resolve(parse("attach = \"raw_tp\"").unwrap(), flags).unwrap().attach, Attach::Auto);
     }
 
     #[test]
@@ -438,6 +454,10 @@ mod tests {
         assert!(err("[recorder]\nmax_bytes = 1000").contains("recorder.max_bytes = 1000"));
         assert!(err("[api]\nsocket = \"tracerd.sock\"").contains("absolute path"));
         assert!(err("[api]\nport = 1").contains("unknown field `port`"));
+        assert!(
+            err("attach = \"kprobe\"")
+                .contains("attach = \"kprobe\": must be auto (tp_btf, else raw_tp) or raw_tp")
+        );
     }
 
     #[test]

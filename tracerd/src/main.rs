@@ -46,6 +46,7 @@ fn settings(
     let flags = Flags {
         listen,
         ring_buffer_bytes: trace.ring_buffer_bytes,
+        attach: trace.attach,
         devices: trace.devices,
         exclude: trace.exclude,
         socket: trace.socket,
@@ -55,7 +56,12 @@ fn settings(
     let selection = Selection { names: config.include.clone(), exclude: config.exclude.clone() };
     // The kernel skips its device filter only when every device is traced.
     let all_devices = config.include.is_empty() && config.exclude.is_empty();
-    let opts = LoadOptions { ring_buffer_bytes: config.ring_buffer_bytes, all_devices, ..Default::default() };
+    let opts = LoadOptions {
+        ring_buffer_bytes: config.ring_buffer_bytes,
+        all_devices,
+        attach: config.attach,
+        ..Default::default()
+    };
     Ok((config, selection, opts))
 }
 

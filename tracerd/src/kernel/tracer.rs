@@ -33,6 +33,29 @@ pub struct LoadOptions {
     pub all_devices: bool,
     /// Where completed IO is aggregated.
     pub aggregation: Aggregation,
+    /// How the tracepoint hooks attach.
+    pub attach: Attach,
+}
+
+/// How the tracepoint hooks attach (`--attach`, config `attach`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Attach {
+    /// tp_btf (typed arguments, cheapest), falling back to raw_tp per hook where it fails.
+    #[default]
+    Auto,
+    /// raw_tp only: the fallback path, for a kernel whose tp_btf misbehaves, and for testing it.
+    #[value(name = "raw_tp")]
+    RawTp,
+}
+
+impl Attach {
+    pub fn parse(s: &str) -> Option<Attach> {
+        match s {
+            "auto" => Some(Attach::Auto),
+            "raw_tp" => Some(Attach::RawTp),
+            _ => None,
+        }
+    }
 }
 
 /// Where completed reads and writes are counted (`run --aggregation`).
@@ -171,7 +194,12 @@ impl Tracer {
         let mut ebpf = loader.load(OBJECT).map_err(|e| permission_advice(e.into()))?;
         let mut hooks = Vec::new();
         for hook in HOOKS {
-            let status = hook.attach(&mut ebpf, &btf, aya_btf.as_ref());
+            // Without BTF for aya, attach skips tp_btf.
+            let tp_btf = if opts.attach == Attach::RawTp { None } else { aya_btf.as_ref() };
+            let mut status = hook.attach(&mut ebpf, &btf, tp_btf);
+            if opts.attach == Attach::RawTp && status.attached() {
+                status.reason = Some("attach = raw_tp".into());
+            }
             match (&status.attach_type, &status.reason) {
                 (Some(how), None) => tracing::debug!("attached {} ({how})", hook.tracepoint),
                 (Some(how), Some(why)) => tracing::info!("attached {} ({how}): {why}", hook.tracepoint),
