@@ -837,6 +837,13 @@ pub fn result_section(console: &str, name: &str) -> Option<String> {
     }
 }
 
+/// Shell functions that decide which scenarios run: `scenarios` and `absent` (modules this
+/// kernel's package lacks) are comma lists from the kernel command line.
+const SCENARIO_SELECTION: &str = r#"vm_listed() { case ",$2," in *",$1,"*) return 0;; esac; return 1; }
+vm_wants() { [ "$scenarios" = all ] || vm_listed "$1" "$scenarios"; }
+vm_have() { for m in "$@"; do vm_listed "$m" "$absent" && return 1; done; return 0; }
+vm_missing() { for m in "$@"; do vm_listed "$m" "$absent" && printf '%s ' "$m"; done; }"#;
+
 /// A scenario body that runs when the kernel command line's `scenarios=` lists NAME (or is
 /// `all`, the default), and the kernel has every module of `needs`; otherwise it prints
 /// `VM-SKIPPED NAME: ...` with the missing modules. Its output should put results between
@@ -895,11 +902,7 @@ vm_has_or_gone() {{ grep -q "$2" "$1" 2>/dev/null || ! kill -0 "$3" 2>/dev/null;
 
 # A leading newline: the firmware leaves the cursor at the end of its last line.
 printf "\nVM-BOOTED %s scenarios=%s absent=%s\n" "$(uname -r)" "$scenarios" "$absent"
-# Scenarios and modules are comma lists; `absent` names the modules this kernel's package lacks.
-vm_listed() {{ case ",$2," in *",$1,"*) return 0;; esac; return 1; }}
-vm_wants() {{ [ "$scenarios" = all ] || vm_listed "$1" "$scenarios"; }}
-vm_have() {{ for m in "$@"; do vm_listed "$m" "$absent" && return 1; done; return 0; }}
-vm_missing() {{ for m in "$@"; do vm_listed "$m" "$absent" && printf '%s ' "$m"; done; }}
+{SCENARIO_SELECTION}
 vm_load() {{ vm_have "$1" || return 0; modprobe "$@" || vm_fail "modprobe $1"; }}
 vm_load brd rd_nr=3 rd_size=65536
 vm_load raid1
@@ -1235,6 +1238,29 @@ mod tests {
         assert_eq!(files[1].0, "/lib/modules/6.1.0-test/kernel/c/packed.ko");
         assert_eq!(fs::read(&files[1].1).unwrap(), b"\x7fELF\0depends=base\0");
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The selection as the guest's shell runs it (busybox sh there; sh here).
+    #[test]
+    fn scenarios_run_when_chosen_and_skip_loudly_without_their_modules() {
+        let guest = |scenarios: &str, absent: &str| {
+            let script = format!(
+                "{SCENARIO_SELECTION}\nscenarios={scenarios}\nabsent={absent}\n{}{}",
+                scenario("md", &["brd", "raid1"], "echo md ran"),
+                scenario("cg", &[], "echo cg ran")
+            );
+            let out = Command::new("sh").arg("-c").arg(&script).output().unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8(out.stdout).unwrap()
+        };
+        assert_eq!(guest("all", ""), "VM-SCENARIO md\nmd ran\nVM-SCENARIO cg\ncg ran\n");
+        assert_eq!(guest("cg,doctor", ""), "VM-SCENARIO cg\ncg ran\n");
+        let skipped = guest("all", "loop,raid1");
+        assert!(
+            skipped.starts_with("VM-SKIPPED md: kernel ") && skipped.contains("has no module raid1 \n"),
+            "{skipped}"
+        );
+        assert!(skipped.ends_with("VM-SCENARIO cg\ncg ran\n"), "{skipped}");
     }
 
     #[test]

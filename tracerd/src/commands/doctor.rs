@@ -186,7 +186,7 @@ fn kernel_check(release: &str, preempt_rt: bool) -> Check {
                  a kernel with both backported can run tracerd (see ring_buffer)"
             ),
         )
-        .advice("use kernel 5.8 or later (tracerd is tested on 6.1 and 6.18)"),
+        .advice("use kernel 5.8 or later (tracerd is tested on 6.1, 6.12, 6.12 PREEMPT_RT and 6.18)"),
         Some(_) if preempt_rt => Check::new(
             "kernel",
             Status::Ok,
