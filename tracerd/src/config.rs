@@ -211,8 +211,9 @@ pub fn resolve(file: File, flags: Flags) -> Result<Config> {
     };
     let attach = match (flags.attach, file.attach.as_deref()) {
         (Some(a), _) => a,
-        (None, Some(s)) => Attach::parse(s)
-            .with_context(|| format!("attach = \"{s}\": must be auto (tp_btf, else raw_tp) or raw_tp"))?,
+        // The flag's own names (clap's), so the file and --attach take the same words.
+        (None, Some(s)) => <Attach as clap::ValueEnum>::from_str(s, false)
+            .map_err(|_| anyhow::anyhow!("attach = \"{s}\": must be auto (tp_btf, else raw_tp) or raw_tp"))?,
         (None, None) => d.attach,
     };
     let include =

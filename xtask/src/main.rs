@@ -241,8 +241,7 @@ fn test(unit_only: bool, stress: bool) -> Result<()> {
     )?;
     if !unit_only {
         integration_tests(&mut tally)?;
-        let kernels: Vec<vm::KernelSeries> = vm::KERNELS.iter().filter(|k| k.in_all).copied().collect();
-        vm_tests(&mut tally, &kernels, true)?;
+        vm_tests(&mut tally, &vm::KernelSeries::select("all")?, true)?;
     }
     if let Some(load) = load {
         load.stop()?;
@@ -260,15 +259,14 @@ fn vm_tests(tally: &mut Tally, kernels: &[vm::KernelSeries], with_dashboard: boo
     let mut lines = Vec::new();
     let mut failures = Vec::new();
     for (i, series) in kernels.iter().enumerate() {
-        let scenarios = vm_scenarios::NAMES;
         let passed = tally.passed;
-        let result = vm_kernel_tests(tally, *series, &bins, scenarios, with_dashboard && i == 0);
+        let result = vm_kernel_tests(tally, *series, &bins, with_dashboard && i == 0);
         let line = match &result {
             Ok(run) => format!(
                 "kernel {} ({}): scenarios {}{}: {} tests passed; guest ran {:.0} s",
                 run.kernel.version,
                 run.kernel.package,
-                scenarios.join(","),
+                vm_scenarios::NAMES.join(","),
                 if run.absent.is_empty() {
                     String::new()
                 } else {
@@ -300,15 +298,14 @@ fn vm_tests(tally: &mut Tally, kernels: &[vm::KernelSeries], with_dashboard: boo
     Ok(())
 }
 
-/// One kernel: boot it with `scenarios`, then run tests/tests/vm.rs against its console log.
+/// One kernel: boot it with every scenario, then run tests/tests/vm.rs against its console log.
 fn vm_kernel_tests(
     tally: &mut Tally,
     series: vm::KernelSeries,
     bins: &vm::GuestBinaries,
-    scenarios: &[&str],
     with_dashboard: bool,
 ) -> Result<vm::VmRun> {
-    let run = vm::run_scenarios(series, bins, scenarios, true)?;
+    let run = vm::run_scenarios(series, bins, vm_scenarios::NAMES, true)?;
     let mut cmd = cargo(None);
     cmd.args(["test", "--release", "-p", "tracerd-tests", "--test", "vm"])
         .env("TRACERD_VM_CONSOLE", &run.log);

@@ -48,16 +48,6 @@ pub enum Attach {
     RawTp,
 }
 
-impl Attach {
-    pub fn parse(s: &str) -> Option<Attach> {
-        match s {
-            "auto" => Some(Attach::Auto),
-            "raw_tp" => Some(Attach::RawTp),
-            _ => None,
-        }
-    }
-}
-
 /// Where completed reads and writes are counted (`run --aggregation`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Aggregation {
