@@ -1,4 +1,4 @@
-//! What start-up detection must choose on each kernel tracerd is tested on (the README's support
+//! What start-up detection must choose on each kernel tracerd is tested on (docs/reference/kernels.md's support
 //! matrix): asserted against `tracerd doctor --json` on the host (host_kernel.rs) and in each
 //! VM kernel (vm.rs). The rows are written out per kernel, not derived from its version: a
 //! detection change that moves one kernel to another path fails here.

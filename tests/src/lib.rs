@@ -466,7 +466,7 @@ fn parse_labels(s: &str) -> BTreeMap<String, String> {
     }
 }
 
-/// IOs whose completion the kernel did not run tracerd's program for (README, Overhead:
+/// IOs whose completion the kernel did not run tracerd's program for (docs/internals/missed-completions.md:
 /// `missed_completion`, about 1 in 50,000 IOs on this project's host, never seen in the VM).
 /// tracerd counts each when its request is issued again, or as `stale_request` if it was among
 /// the last. A test's exact per-IO assertions cannot hold in a run with one; such a test checks
@@ -522,7 +522,7 @@ fn strip_escapes(s: &str) -> String {
 pub fn note_missed(test: &str, missed: u64) {
     eprintln!(
         "{test}: the kernel did not run tracerd's completion program for {missed} IO(s) (counted \
-         as missed completions; README, Overhead): traced + missed == issued was checked, the \
+         as missed completions; docs/internals/missed-completions.md): traced + missed == issued was checked, the \
          exact per-IO assertions are skipped in this run"
     );
 }

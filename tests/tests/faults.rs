@@ -93,7 +93,7 @@ fn a_tiny_ring_buffer_loses_visibly_and_traced_plus_lost_is_issued() {
     let full = m.get("tracerd_events_lost_total", &[("reason", "ringbuf_full")]) as u64;
     assert!(full > 0, "a 4 KiB ring buffer at queue depth 32 lost nothing: the test proves nothing");
     // The one other way an IO of this test can go unrecorded is the kernel not running the
-    // completion program (README, "missed_completion"): about 1 in 100,000 IOs, counted when
+    // completion program (docs/internals/missed-completions.md): about 1 in 100,000 IOs, counted when
     // its request is issued again, or by the stale sweep if it was among the last.
     let missed = missed_completions(&m);
     assert_eq!(full + missed, lost, "only ringbuf_full and missed completions: {:?}", m.samples);

@@ -724,7 +724,7 @@ fn raw_tp_hooks_count_every_io_exactly() {
     assert!(json["lost"].as_object().unwrap().values().all(|v| v == 0), "{}", json["lost"]);
 }
 
-/// What start-up detection must choose on this kernel (tests/src/kernels.rs, the README's
+/// What start-up detection must choose on this kernel (tests/src/kernels.rs, docs/reference/kernels.md's
 /// support matrix): on the host, and on each VM kernel that runs these tests.
 #[test]
 fn doctor_chooses_what_this_kernel_must_get() {

@@ -64,7 +64,7 @@ pub mod lost {
     pub const LINK_MAP_FULL: u32 = 4;
     /// A request was issued (or inserted) again while its last issue was still open, with no
     /// requeue between: that issue's completion was never seen (a nested run the kernel skipped,
-    /// counted as `recursion` too, or a run it did not make at all: README, Overhead).
+    /// counted as `recursion` too, or a run it did not make at all: docs/internals/missed-completions.md).
     pub const MISSED_COMPLETION: u32 = 5;
     pub const KERNEL_COUNT: u32 = 6;
 }

@@ -105,7 +105,7 @@ pub enum Command {
         /// is asked instead, so that the kernel runs one copy of them).
         #[arg(long, conflicts_with_all = ["since", "from"])]
         standalone: bool,
-        /// Print JSON (schema in the README) instead of tables.
+        /// Print JSON (schema: docs/reference/json.md) instead of tables.
         #[arg(long)]
         json: bool,
         /// Split each table by this dimension.
@@ -184,7 +184,7 @@ pub enum Command {
         /// The agent's API socket, for windows [default: /run/tracerd/tracerd.sock].
         #[arg(long, value_name = "PATH")]
         socket: Option<PathBuf>,
-        /// Print JSON (schema in the README) instead of tables.
+        /// Print JSON (schema: docs/reference/json.md) instead of tables.
         #[arg(long)]
         json: bool,
     },

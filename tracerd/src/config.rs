@@ -461,6 +461,187 @@ mod tests {
         );
     }
 
+    /// Every key `File` accepts (`section.key`), read from its serde definition: a deserializer
+    /// that offers each struct field in turn and records the optional ones, which are the keys.
+    mod keys {
+        use serde::de::{
+            self, DeserializeSeed, Deserializer, IntoDeserializer, MapAccess, Visitor, value::Error,
+        };
+        use std::{cell::RefCell, rc::Rc};
+
+        pub fn of<'de, T: serde::Deserialize<'de>>() -> Vec<String> {
+            let out = Rc::new(RefCell::new(Vec::new()));
+            T::deserialize(Keys { key: String::new(), out: out.clone() }).expect("sections of optional keys");
+            out.take()
+        }
+
+        struct Keys {
+            key: String,
+            out: Rc<RefCell<Vec<String>>>,
+        }
+
+        impl<'de> Deserializer<'de> for Keys {
+            type Error = Error;
+
+            fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Error> {
+                Err(de::Error::custom(format!("{}: neither an optional key nor a section", self.key)))
+            }
+
+            fn deserialize_option<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Error> {
+                self.out.borrow_mut().push(self.key);
+                v.visit_none()
+            }
+
+            fn deserialize_struct<V: Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                v: V,
+            ) -> Result<V::Value, Error> {
+                v.visit_map(Fields { keys: self, fields, next: 0 })
+            }
+
+            serde::forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+                unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
+            }
+        }
+
+        struct Fields {
+            keys: Keys,
+            fields: &'static [&'static str],
+            next: usize,
+        }
+
+        impl<'de> MapAccess<'de> for Fields {
+            type Error = Error;
+
+            fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, Error> {
+                let Some(&field) = self.fields.get(self.next) else { return Ok(None) };
+                seed.deserialize(IntoDeserializer::<Error>::into_deserializer(field)).map(Some)
+            }
+
+            fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, Error> {
+                let field = self.fields[self.next];
+                self.next += 1;
+                let key = match self.keys.key.as_str() {
+                    "" => field.to_owned(),
+                    section => format!("{section}.{field}"),
+                };
+                seed.deserialize(Keys { key, out: self.keys.out.clone() })
+            }
+        }
+    }
+
+    /// docs/reference/config.md: (key, default as TOML text, or None where it is unset).
+    fn documented_keys() -> Vec<(String, Option<String>)> {
+        include_str!("../../docs/reference/config.md")
+            .lines()
+            .filter(|l| l.starts_with("| `"))
+            .map(|l| {
+                let cells: Vec<&str> = l.split(" | ").collect();
+                let key = cells[0].trim_start_matches("| ").trim_matches('`').to_owned();
+                let default = cells[1].trim();
+                (key, (default != "unset").then(|| default.trim_matches('`').to_owned()))
+            })
+            .collect()
+    }
+
+    /// The TOML text of `key = value` pairs, each under its section.
+    fn toml_of(pairs: &[(String, String)]) -> String {
+        let mut text = String::new();
+        let mut sections: Vec<&str> = vec![""];
+        for (key, _) in pairs {
+            if let Some((section, _)) = key.split_once('.')
+                && !sections.contains(&section)
+            {
+                sections.push(section);
+            }
+        }
+        for section in sections {
+            if !section.is_empty() {
+                text.push_str(&format!("[{section}]\n"));
+            }
+            for (key, value) in pairs {
+                let (s, k) = key.split_once('.').unwrap_or(("", key));
+                if s == section {
+                    text.push_str(&format!("{k} = {value}\n"));
+                }
+            }
+        }
+        text
+    }
+
+    /// tracerd.example.toml: its keys set (`section.key` -> value text) and its commented-out keys.
+    fn example_keys() -> (Vec<(String, String)>, Vec<String>) {
+        let (mut set, mut commented, mut section) = (Vec::new(), Vec::new(), String::new());
+        for line in include_str!("../../tracerd.example.toml").lines() {
+            let line = line.trim();
+            if let Some(s) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                section = format!("{s}.");
+            } else if let Some((k, v)) = line.split_once(" = ") {
+                let (commented_out, k) = match k.strip_prefix("# ") {
+                    Some(k) => (true, k),
+                    None => (false, k),
+                };
+                if k.contains(' ') || k.starts_with('#') {
+                    continue;
+                }
+                let key = format!("{section}{k}");
+                if commented_out {
+                    commented.push(key);
+                } else {
+                    set.push((key, v.trim().to_owned()));
+                }
+            }
+        }
+        (set, commented)
+    }
+
+    #[test]
+    fn config_reference_and_example_list_every_key_with_its_real_default() {
+        let fix = "fix docs/reference/config.md and tracerd.example.toml (or the code)";
+        let keys = keys::of::<File>();
+        assert!(keys.len() > 20 && keys.contains(&"cgroups.top".to_owned()), "{keys:?}");
+        let documented = documented_keys();
+        let names: Vec<&String> = documented.iter().map(|(k, _)| k).collect();
+        for key in &keys {
+            assert!(names.contains(&key), "config key {key} is not in the config reference: {fix}");
+        }
+        for name in &names {
+            assert!(keys.contains(name), "{name} is in the config reference but no config key: {fix}");
+        }
+        assert_eq!(names.len(), keys.len(), "a key listed twice in the config reference");
+
+        // The documented defaults are the code's: a file of all of them resolves to the default.
+        let defaults: Vec<(String, String)> =
+            documented.iter().filter_map(|(k, d)| Some((k.clone(), d.clone()?))).collect();
+        let mut c =
+            from(&toml_of(&defaults)).unwrap_or_else(|e| panic!("the documented defaults: {e:#}; {fix}"));
+        let ring = tracer_common::limits::RINGBUF_BYTES;
+        assert_eq!(c.ring_buffer_bytes.unwrap_or(ring), ring, "ring_buffer_bytes: {fix}");
+        c.ring_buffer_bytes = None;
+        assert_eq!(c, Config::default(), "the documented defaults: {fix}");
+
+        // The example says the same, and comments out the keys that have no default.
+        let (set, commented) = example_keys();
+        for (key, default) in &documented {
+            match default {
+                Some(d) => {
+                    let v = set.iter().find(|(k, _)| k == key).map(|(_, v)| v);
+                    assert_eq!(v, Some(d), "{key} in tracerd.example.toml: {fix}");
+                }
+                None => assert!(commented.contains(key), "{key}: a commented-out example line; {fix}"),
+            }
+        }
+        for (key, _) in &set {
+            assert!(
+                names.contains(&key),
+                "tracerd.example.toml sets {key}, which the reference lacks: {fix}"
+            );
+        }
+    }
+
     #[test]
     fn patterns() {
         assert!(name_matches("loop*", "loop12"));

@@ -6,6 +6,7 @@ pub mod commands;
 pub mod config;
 pub mod kernel;
 pub mod model;
+pub mod reference;
 pub mod serve;
 pub mod style;
 pub mod units;

@@ -682,9 +682,57 @@ pub fn bench(opts: Options) -> Result<()> {
     );
     print!("{text}");
     fs::write(dir.join("bench.txt"), &text)?;
+    if opts.soak_only {
+        eprintln!("xtask: bench: a soak alone; {RESULTS_PAGE} keeps the last full run");
+    } else {
+        fs::write(root_dir().join(RESULTS_PAGE), results_page(&text, &opts)?)?;
+        eprintln!("xtask: bench: wrote {RESULTS_PAGE}: commit it with the code it measured");
+    }
     fs::write(dir.join("bench.json"), to_json(&results, &costs, &rss, soak_lost, &records))?;
     eprintln!("xtask: bench: raw figures in {}", dir.join("bench.json").display());
     Ok(())
+}
+
+/// The latest full run, as the docs show it (docs/internals/overhead.md says how to read it).
+const RESULTS_PAGE: &str = "docs/internals/overhead-results.md";
+
+/// The results page: the run's tables under the date, the commit and the machine they belong to.
+fn results_page(text: &str, opts: &Options) -> Result<String> {
+    let git = |args: &[&str]| output(Command::new("git").current_dir(root_dir()).args(args));
+    let mut commit = git(&["rev-parse", "--short=12", "HEAD"])?.trim().to_owned();
+    // Changes beside the page itself mean the code measured is not the commit's.
+    let changed = git(&["status", "--porcelain", "--untracked-files=no"])?;
+    if changed.lines().any(|l| !l.ends_with(RESULTS_PAGE)) {
+        commit.push_str(" with uncommitted changes");
+    }
+    let date = output(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]))?.trim().to_owned();
+    let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name").and_then(|v| v.split_once(':')).map(|(_, m)| m.trim()))
+        .unwrap_or("unknown CPU")
+        .to_owned();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem_gib = fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| m.lines().next()?.split_whitespace().nth(1)?.parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / (1 << 20) as f64);
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_owned();
+    Ok(format!(
+        "# Overhead results\n\n\
+         Written by `cargo xtask bench`; do not edit by hand. What each column means and how to read \
+         it: [overhead](overhead.md). Earlier results are in this file's git history.\n\n\
+         | | |\n|---|---|\n\
+         | date | {date} |\n\
+         | commit | {commit} |\n\
+         | machine | {cpus} CPUs ({cpu}), {mem_gib:.0} GiB, kernel {kernel} |\n\
+         | run | {} rounds of {} s per variant, soak {} s |\n\n\
+         ```\n{}\n```\n",
+        opts.rounds,
+        opts.seconds,
+        opts.soak_seconds,
+        text.trim_end()
+    ))
 }
 
 const SATURATION: &str = "qd32 saturation";

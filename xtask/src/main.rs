@@ -6,6 +6,7 @@
 //! - `run`         build, then `tracerd run` (extra arguments go to tracerd)
 //! - `test`        build, then unit tests and the real-kernel integration tests (`--stress`: with
 //!   every core kept busy)
+//! - `docs`        write the generated reference pages (`docs/reference/cli.md`)
 //! - `vm-test`     build static binaries, boot Debian kernels (6.1, 6.12, 6.12-rt) under qemu with
 //!   md/dm/brd/null_blk
 
@@ -73,6 +74,8 @@ enum Cmd {
         #[arg(long)]
         soak_only: bool,
     },
+    /// Write the reference pages generated from the code (docs/reference/cli.md, from clap).
+    Docs,
     /// Boot Debian kernels under qemu (md, dm, brd, null_blk, kprobes) and run tracerd there.
     VmTest {
         /// Which kernels: 6.1, 6.12, 6.12-rt, 6.12-cloud (comma-separated), or all (every one
@@ -115,6 +118,7 @@ fn real_main() -> Result<()> {
         Cmd::Bench { seconds, rounds, soak_seconds, soak_only } => {
             bench::bench(bench::Options { seconds, rounds, soak_seconds, soak_only })
         }
+        Cmd::Docs => docs(),
         Cmd::VmTest { kernel, scenario: Some(name) } => {
             ensure!(
                 vm_scenarios::NAMES.contains(&name.as_str()),
@@ -185,6 +189,18 @@ fn build(for_tests: bool) -> Result<()> {
     let mut cmd = cargo(None);
     cmd.args(["build", "--release", "-p", "tracerd"]);
     run(&mut cmd, "building tracerd")
+}
+
+/// The generated pages are written by the unit test that checks them (blessed), so the page
+/// and its check cannot come from two generators.
+fn docs() -> Result<()> {
+    let mut cmd = cargo(None);
+    cmd.args(["test", "--release", "-p", "tracerd", "--lib", "--", "--exact"])
+        .arg("reference::tests::the_cli_reference_is_generated_from_the_code")
+        .env("TRACERD_BLESS", "1");
+    run(&mut cmd, "writing docs/reference/cli.md")?;
+    println!("wrote docs/reference/cli.md");
+    Ok(())
 }
 
 /// Pass/fail counts over every `cargo test` run, for the closing line.

@@ -50,7 +50,7 @@ pub struct Capture {
     /// The layout every histogram below was recorded with.
     pub histograms: HistogramConfig,
     pub devices: Vec<DeviceCapture>,
-    /// Lost events during the capture, by reason (README: Lost events).
+    /// Lost events during the capture, by reason (docs/reference/metrics.md, Lost events).
     pub lost: BTreeMap<String, u64>,
 }
 

@@ -1,5 +1,5 @@
 //! `tracerd report`: a timed capture summarised as btt-style tables, or as JSON.
-//! The JSON schema is documented in the README ("report --json").
+//! The JSON schema is documented in docs/reference/json.md.
 
 use std::{
     collections::BTreeMap,

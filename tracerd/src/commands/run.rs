@@ -53,7 +53,7 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
         // The kernel's series are per device and op: per-cgroup series need each IO's record.
         tracing::info!(
             "cgroups.label = {:?}: every IO is sent as a record and aggregated per cgroup here \
-             (the in-kernel aggregation keeps no per-cgroup series; README, Cgroups)",
+             (the in-kernel aggregation keeps no per-cgroup series; docs/guide/cgroups.md)",
             config.cgroups.label
         );
         opts.aggregation = Aggregation::Records;

@@ -1,7 +1,7 @@
 //! The agent's local API: a Unix socket, root-only (mode 0600), where views ask the running
 //! agent instead of loading a second copy of the kernel programs. One JSON request per
 //! connection, one line; one JSON answer, one line. Versioned: every message carries
-//! `"version": 1`; the schema is in the README ("The agent's API").
+//! `"version": 1`; the schema is in docs/reference/json.md (The API).
 
 use std::{
     collections::BTreeMap,

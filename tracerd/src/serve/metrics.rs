@@ -506,6 +506,7 @@ pub fn families(state: &State, format: Format) -> Vec<Family> {
 mod tests {
     use super::*;
     use crate::model::op::Op;
+    use std::collections::BTreeSet;
     use tracer_common::{IoRecord, event, kind};
 
     fn sample_state() -> State {
@@ -630,6 +631,117 @@ mod tests {
         assert!(text.contains("tracerd_cgroup_folded_requests_total{reason=\"top\"} 1\n"));
         assert!(text.contains("tracerd_cgroup_folded_requests_total{reason=\"unnamed\"} 1\n"));
         assert!(text.contains("tracerd_cgroup_labels{state=\"used\"} 1\n"));
+    }
+
+    /// Every family the agent can serve, with its type and the label names its samples carry:
+    /// a state with every optional part present (stacked device, recorder, cgroup labels).
+    fn served_families() -> std::collections::BTreeMap<&'static str, (&'static str, BTreeSet<&'static str>)> {
+        use crate::kernel::cgroupfs::LabelForm;
+        use crate::model::cgroups::{CgroupLimits, CgroupSeries};
+        let mut plain = sample_state();
+        let mut r = IoRecord { kind: kind::BIO, submit_ns: 4000, ..Default::default() };
+        (r.ts[event::Q], r.ts[event::C]) = (1000, 11_000);
+        let split =
+            crate::model::layers::LayerSplit { lower: 2, ios: 1, layer_ns: 1, lower_ns: 1, completion_ns: 1 };
+        plain.agg.add(1, Op::Read, &r, &[split], |d| format!("dev{d}"));
+        let mut qd = IoRecord { kind: kind::REQUEST, queue_depth: 1, ..Default::default() };
+        (qd.ts[event::D], qd.ts[event::C]) = (1, 2);
+        plain.agg.add(7, Op::Write, &qd, &[], |_| "lo".into());
+        plain.aggregation = "kernel";
+        plain.recorder =
+            RecorderGauges { bytes: 1, max_bytes: 2, frames: 1, span_s: 1.0, dropped_for_memory: 0 };
+        let mut with_cgroups = sample_state();
+        let mut c = CgroupSeries::new(CgroupLimits { label: LabelForm::Path, ..Default::default() });
+        let mut rq = IoRecord { kind: kind::REQUEST, bytes: 4096, ..Default::default() };
+        (rq.ts[event::D], rq.ts[event::C]) = (1000, 2000);
+        c.add(7, Op::Write, &rq, Ok("/a"), std::time::Instant::now());
+        with_cgroups.cgroups = Some(c);
+        let mut out = std::collections::BTreeMap::new();
+        for state in [plain, with_cgroups] {
+            for f in families(&state, Format::Text) {
+                let kind = match f.kind {
+                    Kind::Counter => "counter",
+                    Kind::Gauge => "gauge",
+                    Kind::Histogram => "histogram",
+                };
+                let entry = out.entry(f.name).or_insert((kind, BTreeSet::new()));
+                entry.1.extend(f.samples.iter().flat_map(|s| s.labels.iter().map(|(k, _)| *k)));
+            }
+        }
+        out
+    }
+
+    /// docs/reference/metrics.md, its main table: name -> (type, labels, optional labels).
+    fn documented_metrics() -> Vec<(String, String, BTreeSet<String>, BTreeSet<String>)> {
+        let page = include_str!("../../../docs/reference/metrics.md");
+        let section = page.split("\n## Metrics\n").nth(1).expect("a Metrics section");
+        let section = section.split("\n## ").next().unwrap_or_default();
+        let ticked =
+            |s: &str| -> BTreeSet<String> { s.split('`').skip(1).step_by(2).map(str::to_owned).collect() };
+        section
+            .lines()
+            .filter(|l| l.starts_with("| `"))
+            .map(|l| {
+                let cells: Vec<&str> = l.split(" | ").collect();
+                let name = cells[0].trim_start_matches("| ").trim_matches('`').to_owned();
+                let optional: BTreeSet<String> = cells[2]
+                    .split('(')
+                    .skip(1)
+                    .flat_map(|p| ticked(p.split(')').next().unwrap_or("")))
+                    .collect();
+                (name, cells[1].to_owned(), ticked(cells[2]), optional)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn metrics_reference_lists_every_family_the_agent_serves() {
+        let served = served_families();
+        let documented = documented_metrics();
+        let fix = "fix docs/reference/metrics.md (or the code)";
+        for (name, (kind, labels)) in &served {
+            let Some((_, doc_kind, doc_labels, _)) = documented.iter().find(|d| d.0 == *name) else {
+                panic!("{name} is served but not in the metrics reference: {fix}");
+            };
+            assert_eq!(doc_kind, kind, "{name}: type; {fix}");
+            let labels: BTreeSet<String> = labels.iter().map(|l| l.to_string()).collect();
+            assert_eq!(doc_labels, &labels, "{name}: labels; {fix}");
+        }
+        for (name, ..) in &documented {
+            assert!(
+                served.contains_key(name.as_str()),
+                "{name} is in the metrics reference but not served: {fix}"
+            );
+        }
+        assert_eq!(documented.len(), served.len(), "a metric listed twice in the reference");
+        // A label in parentheses is optional: the plain state serves the family without it.
+        let plain: Vec<Family> = families(&sample_state(), Format::Text);
+        for (name, _, labels, optional) in &documented {
+            let Some(f) = plain.iter().find(|f| f.name == name.as_str()) else { continue };
+            for s in &f.samples {
+                let have: BTreeSet<String> = s.labels.iter().map(|(k, _)| k.to_string()).collect();
+                let required: BTreeSet<String> = labels.difference(optional).cloned().collect();
+                assert_eq!(have, required, "{name}: which labels are optional; {fix}");
+            }
+        }
+    }
+
+    #[test]
+    fn metrics_reference_lists_every_lost_reason() {
+        let page = include_str!("../../../docs/reference/metrics.md");
+        let section = page.split("\n## Lost events\n").nth(1).expect("a Lost events section");
+        let section = section.split("\n## ").next().unwrap_or_default();
+        let documented: BTreeSet<&str> = section
+            .lines()
+            .filter(|l| l.starts_with("| `"))
+            .flat_map(|l| l.split(" | ").next().unwrap_or("").split('`').skip(1).step_by(2))
+            .collect();
+        let reasons: BTreeSet<&str> =
+            crate::model::aggregate::Lost::default().reasons().iter().map(|(r, _)| *r).collect();
+        assert_eq!(
+            documented, reasons,
+            "docs/reference/metrics.md, Lost events: the reasons the code counts"
+        );
     }
 
     #[test]
