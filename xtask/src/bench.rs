@@ -614,6 +614,8 @@ pub fn bench(opts: Options) -> Result<()> {
             "the benchmark loads tracers and creates a loop device: run it as root (sudo cargo xtask bench)"
         );
     }
+    // What is measured is what the build below compiles: the commit and any change to it now.
+    let measured = provenance()?;
     crate::build(false)?;
     setup::apt_install(&["fio", "libbpf-tools", "bpftrace", "bpftool", "curl"], "the benchmark")?;
     let dir = root_dir().join("target/bench");
@@ -685,7 +687,7 @@ pub fn bench(opts: Options) -> Result<()> {
     if opts.soak_only {
         eprintln!("xtask: bench: a soak alone; {RESULTS_PAGE} keeps the last full run");
     } else {
-        fs::write(root_dir().join(RESULTS_PAGE), results_page(&text, &opts)?)?;
+        fs::write(root_dir().join(RESULTS_PAGE), results_page(&text, &opts, &measured)?)?;
         eprintln!("xtask: bench: wrote {RESULTS_PAGE}: commit it with the code it measured");
     }
     fs::write(dir.join("bench.json"), to_json(&results, &costs, &rss, soak_lost, &records))?;
@@ -696,15 +698,19 @@ pub fn bench(opts: Options) -> Result<()> {
 /// The latest full run, as the docs show it (docs/internals/overhead.md says how to read it).
 const RESULTS_PAGE: &str = "docs/internals/overhead-results.md";
 
-/// The results page: the run's tables under the date, the commit and the machine they belong to.
-fn results_page(text: &str, opts: &Options) -> Result<String> {
+/// The commit the benchmark builds, marked where the tree has changes other than documents.
+fn provenance() -> Result<String> {
     let git = |args: &[&str]| output(Command::new("git").current_dir(root_dir()).args(args));
     let mut commit = git(&["rev-parse", "--short=12", "HEAD"])?.trim().to_owned();
-    // Changes beside the page itself mean the code measured is not the commit's.
     let changed = git(&["status", "--porcelain", "--untracked-files=no"])?;
-    if changed.lines().any(|l| !l.ends_with(RESULTS_PAGE)) {
+    if changed.lines().any(|l| !l.ends_with(".md")) {
         commit.push_str(" with uncommitted changes");
     }
+    Ok(commit)
+}
+
+/// The results page: the run's tables under the date, the commit and the machine they belong to.
+fn results_page(text: &str, opts: &Options, commit: &str) -> Result<String> {
     let date = output(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]))?.trim().to_owned();
     let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let cpu = cpuinfo
@@ -731,7 +737,7 @@ fn results_page(text: &str, opts: &Options) -> Result<String> {
         opts.rounds,
         opts.seconds,
         opts.soak_seconds,
-        text.trim_end()
+        text.trim()
     ))
 }
 
