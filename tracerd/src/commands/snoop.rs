@@ -484,9 +484,8 @@ async fn snoop_from_agent(
             tracing::warn!("the agent closed the stream (it stopped?)");
             break Ok(());
         };
-        let written = if line.starts_with("{\"version\"") {
-            let notice: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
-            dropped += notice["dropped"].as_u64().unwrap_or(0);
+        let written = if let Some(n) = crate::serve::api::dropped_in(&line) {
+            dropped += n;
             Ok(())
         } else if json {
             writeln!(out, "{line}")

@@ -435,11 +435,24 @@ async fn stream_to(
         }
         let n = dropped.swap(0, std::sync::atomic::Ordering::Relaxed);
         if ok && n > 0 {
-            let notice = serde_json::json!({ "version": VERSION, "dropped": n });
-            ok = write.write_all(format!("{notice}\n").as_bytes()).await.is_ok();
+            ok = write.write_all(dropped_notice(n).as_bytes()).await.is_ok();
         }
     }
     shared.unsubscribe(id);
+}
+
+/// The stream's line saying that `n` lines did not fit a view's backlog.
+pub fn dropped_notice(n: u64) -> String {
+    format!("{}\n", serde_json::json!({ "version": VERSION, "dropped": n }))
+}
+
+/// How many lines a stream line says were dropped, or None for an IO's line (`snoop --json`'s,
+/// which starts with its `kind`).
+pub fn dropped_in(line: &str) -> Option<u64> {
+    if line.starts_with("{\"kind\"") {
+        return None;
+    }
+    serde_json::from_str::<serde_json::Value>(line).ok()?.get("dropped")?.as_u64()
 }
 
 /// Why a view could not use the agent.
@@ -495,6 +508,13 @@ pub fn call<T: for<'de> Deserialize<'de>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_view_tells_the_dropped_notice_from_an_io_line() {
+        assert_eq!(dropped_in(dropped_notice(7).trim_end()), Some(7));
+        assert_eq!(dropped_in(r#"{"kind":"request","device":"loop0","dropped":3}"#), None);
+        assert_eq!(dropped_in(r#"{"version":1}"#), None);
+    }
 
     #[test]
     fn requests_are_checked_before_they_are_answered() {
