@@ -640,6 +640,14 @@ mod tests {
                 "tracerd.example.toml sets {key}, which the reference lacks: {fix}"
             );
         }
+        // The ring buffer's size is explained by the record's.
+        let record = format!("Each record takes {} bytes", size_of::<tracer_common::IoRecord>());
+        for (file, text) in [
+            ("docs/reference/config.md", include_str!("../../docs/reference/config.md")),
+            ("tracerd.example.toml", include_str!("../../tracerd.example.toml")),
+        ] {
+            assert!(text.contains(&record), "{file} must say \"{record}\"");
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@
 
 mod bench;
 mod cpio;
+mod docs;
 mod setup;
 mod stress;
 mod vm;
@@ -118,7 +119,7 @@ fn real_main() -> Result<()> {
         Cmd::Bench { seconds, rounds, soak_seconds, soak_only } => {
             bench::bench(bench::Options { seconds, rounds, soak_seconds, soak_only })
         }
-        Cmd::Docs => docs(),
+        Cmd::Docs => docs::write(),
         Cmd::VmTest { kernel, scenario: Some(name) } => {
             ensure!(
                 vm_scenarios::NAMES.contains(&name.as_str()),
@@ -163,7 +164,7 @@ pub fn run(cmd: &mut Command, what: &str) -> Result<()> {
 }
 
 /// A cargo command free of the outer cargo's environment (toolchain, target dir).
-fn cargo(toolchain: Option<&str>) -> Command {
+pub fn cargo(toolchain: Option<&str>) -> Command {
     let mut cmd = Command::new("cargo");
     if let Some(t) = toolchain {
         cmd.arg(format!("+{t}"));
@@ -189,18 +190,6 @@ fn build(for_tests: bool) -> Result<()> {
     let mut cmd = cargo(None);
     cmd.args(["build", "--release", "-p", "tracerd"]);
     run(&mut cmd, "building tracerd")
-}
-
-/// The generated pages are written by the unit test that checks them (blessed), so the page
-/// and its check cannot come from two generators.
-fn docs() -> Result<()> {
-    let mut cmd = cargo(None);
-    cmd.args(["test", "--release", "-p", "tracerd", "--lib", "--", "--exact"])
-        .arg("reference::tests::the_cli_reference_is_generated_from_the_code")
-        .env("TRACERD_BLESS", "1");
-    run(&mut cmd, "writing docs/reference/cli.md")?;
-    println!("wrote docs/reference/cli.md");
-    Ok(())
 }
 
 /// Pass/fail counts over every `cargo test` run, for the closing line.
