@@ -108,6 +108,20 @@ fn u32_at(data: &[u8], off: usize) -> Result<u32, BtfError> {
         .ok_or(BtfError::Malformed("truncated"))
 }
 
+/// The type and string sections of a BTF blob.
+fn sections(data: &[u8]) -> Result<(&[u8], &[u8]), BtfError> {
+    if data.len() < 24 || data[0..2] != [0x9f, 0xeb] {
+        return Err(BtfError::Malformed("bad magic (not little-endian BTF)"));
+    }
+    let hdr_len = u32_at(data, 4)? as usize;
+    let (type_off, type_len) = (u32_at(data, 8)? as usize, u32_at(data, 12)? as usize);
+    let (str_off, str_len) = (u32_at(data, 16)? as usize, u32_at(data, 20)? as usize);
+    let section = |off: usize, len: usize| {
+        data.get(hdr_len + off..hdr_len + off + len).ok_or(BtfError::Malformed("section out of bounds"))
+    };
+    Ok((section(type_off, type_len)?, section(str_off, str_len)?))
+}
+
 impl Btf {
     pub fn from_sys_fs() -> std::io::Result<Btf> {
         let data = std::fs::read(VMLINUX)?;
@@ -116,41 +130,53 @@ impl Btf {
 
     /// Parses little-endian BTF (the only byte order tracerd runs on).
     pub fn parse(data: &[u8]) -> Result<Btf, BtfError> {
-        if data.len() < 24 || data[0..2] != [0x9f, 0xeb] {
-            return Err(BtfError::Malformed("bad magic (not little-endian BTF)"));
-        }
-        let hdr_len = u32_at(data, 4)? as usize;
-        let (type_off, type_len) = (u32_at(data, 8)? as usize, u32_at(data, 12)? as usize);
-        let (str_off, str_len) = (u32_at(data, 16)? as usize, u32_at(data, 20)? as usize);
-        let section = |off: usize, len: usize| {
-            data.get(hdr_len + off..hdr_len + off + len).ok_or(BtfError::Malformed("section out of bounds"))
-        };
-        let type_data = section(type_off, type_len)?.to_vec();
-        let strings = section(str_off, str_len)?.to_vec();
+        let (type_data, strings) = sections(data)?;
         let mut btf = Btf {
             types: vec![],
-            type_data,
-            strings,
+            type_data: type_data.to_vec(),
+            strings: strings.to_vec(),
             by_name: HashMap::new(),
             #[cfg(test)]
             reads: Default::default(),
         };
-        btf.index_types()?;
+        btf.index_types(0)?;
         Ok(btf)
     }
 
-    fn index_types(&mut self) -> Result<(), BtfError> {
-        // Type id 0 is `void`; ids count from 1.
-        self.types.push(Type {
-            name_off: 0,
-            kind: Kind::Int,
-            vlen: 0,
-            kind_flag: false,
-            size_or_type: 0,
-            extra: 0,
-        });
+    /// Parses a module's split BTF (`/sys/kernel/btf/<module>`), whose type ids and string
+    /// offsets continue those of `base` (vmlinux's): the result holds both.
+    pub fn parse_split(data: &[u8], base: &Btf) -> Result<Btf, BtfError> {
+        let (type_data, strings) = sections(data)?;
+        let mut btf = Btf {
+            types: base.types.clone(),
+            type_data: base.type_data.clone(),
+            strings: base.strings.clone(),
+            by_name: HashMap::new(),
+            #[cfg(test)]
+            reads: Default::default(),
+        };
+        let from = btf.type_data.len();
+        btf.type_data.extend_from_slice(type_data);
+        btf.strings.extend_from_slice(strings);
+        btf.index_types(from)?;
+        Ok(btf)
+    }
+
+    /// Indexes the types from byte `from` of the type section on (0: all, after `void`).
+    fn index_types(&mut self, from: usize) -> Result<(), BtfError> {
+        if self.types.is_empty() {
+            // Type id 0 is `void`; ids count from 1.
+            self.types.push(Type {
+                name_off: 0,
+                kind: Kind::Int,
+                vlen: 0,
+                kind_flag: false,
+                size_or_type: 0,
+                extra: 0,
+            });
+        }
         let data = &self.type_data;
-        let mut off = 0;
+        let mut off = from;
         while off < data.len() {
             let name_off = u32_at(data, off)?;
             let info = u32_at(data, off + 4)?;
@@ -168,6 +194,7 @@ impl Btf {
             self.types.push(Type { name_off, kind, vlen, kind_flag: info >> 31 == 1, size_or_type, extra });
             off = extra + extra_len;
         }
+        self.by_name.clear();
         for id in 1..self.types.len() as u32 {
             let name = self.name_of(id);
             if !name.is_empty() {
@@ -329,17 +356,28 @@ pub(crate) mod tests {
         types: Vec<u8>,
         strings: Vec<u8>,
         next_id: u32,
+        /// For split BTF: the base's string section length, where this one's offsets start.
+        str_base: u32,
     }
 
     impl Builder {
         pub fn new() -> Self {
-            Builder { types: vec![], strings: vec![0], next_id: 1 }
+            Builder { types: vec![], strings: vec![0], next_id: 1, str_base: 0 }
+        }
+        /// A module's BTF on top of `base`: type ids and string offsets continue the base's.
+        pub fn split(base: &Builder) -> Self {
+            Builder {
+                types: vec![],
+                strings: vec![],
+                next_id: base.next_id,
+                str_base: base.str_base + base.strings.len() as u32,
+            }
         }
         fn str(&mut self, s: &str) -> u32 {
             if s.is_empty() {
                 return 0;
             }
-            let off = self.strings.len() as u32;
+            let off = self.str_base + self.strings.len() as u32;
             self.strings.extend_from_slice(s.as_bytes());
             self.strings.push(0);
             off
@@ -445,6 +483,24 @@ pub(crate) mod tests {
         assert_eq!(btf.tracepoint_args("block_rq_insert").unwrap(), vec!["request_queue", "request"]);
         assert_eq!(btf.tracepoint_args("block_rq_complete").unwrap(), vec!["request", "", ""]);
         assert!(btf.tracepoint_args("block_nope").is_none());
+    }
+
+    #[test]
+    fn a_modules_split_btf_continues_the_base_ids_and_strings() {
+        let mut base = Builder::new();
+        let u16t = base.int("short unsigned int", 2);
+        let u64t = base.int("long long unsigned int", 8);
+        let bio = base.strukt("bio", 4, 128, &[("bi_next", u64t, 0), ("bi_flags", u16t, 20)]);
+        let vmlinux = Btf::parse(&base.build()).unwrap();
+        let mut module = Builder::split(&base);
+        let io = module.fwd("dm_io");
+        let io_ptr = module.ptr(io);
+        module.strukt("dm_target_io", 4, 168, &[("magic", u16t, 0), ("io", io_ptr, 8), ("clone", bio, 40)]);
+        let btf = Btf::parse_split(&module.build(), &vmlinux).unwrap();
+        assert_eq!(btf.member_offset("dm_target_io", &["io"]).unwrap(), 8);
+        assert_eq!(btf.member_offset("dm_target_io", &["clone", "bi_flags"]).unwrap(), 60);
+        assert_eq!(btf.member_offset("bio", &["bi_flags"]).unwrap(), 20, "the base's types stay");
+        assert!(matches!(vmlinux.member_offset("dm_target_io", &["io"]), Err(BtfError::NoStruct(_))));
     }
 
     #[test]
