@@ -187,6 +187,96 @@ fn dm_linear_each_io_counted_once_and_linked_to_one_lower_io() {
     }
 }
 
+/// The kernel name of dm device `name`, from the dmx scenario's `dm devices:` line.
+fn dm_kernel_name(name: &str) -> String {
+    let text = console();
+    let line = text.lines().find_map(|l| l.strip_prefix("dm devices: ")).expect("no `dm devices:` line");
+    line.split_whitespace()
+        .find_map(|pair| pair.split_once('=').filter(|(_, n)| *n == name).map(|(dev, _)| dev.to_owned()))
+        .unwrap_or_else(|| panic!("no dm device {name} in: {line}"))
+}
+
+/// Lines of `lines` on `device` by op, and a check that each names exactly one lower device.
+fn linked_uppers<'a>(lines: &'a [Value], device: &str, lower: &str) -> Vec<&'a Value> {
+    let uppers: Vec<&Value> = lines.iter().filter(|l| l["device"] == device).collect();
+    for u in &uppers {
+        let layers = u["layers"].as_array().unwrap_or_else(|| panic!("{device}: an IO not linked: {u}"));
+        assert_eq!(layers.len(), 1, "{u}");
+        assert_eq!(layers[0]["lower"], lower, "{u}");
+        assert!(layers[0]["ios"].as_u64().unwrap() >= 1, "{u}");
+        assert_layers_add_up(u);
+    }
+    uppers
+}
+
+#[test]
+fn dm_crypt_reads_and_writes_from_its_threads_are_each_linked() {
+    if !ran("dmx") {
+        return;
+    }
+    let crypt = dm_kernel_name("crypt0");
+    let lines = json_lines("dmx_snoop");
+    let uppers = linked_uppers(&lines, &crypt, "ram3");
+    let want = BTreeMap::from([("read".to_string(), 100), ("write".to_string(), 200)]);
+    assert_eq!(count_by(&uppers, |l| l["op"].as_str().unwrap().to_owned()), want, "{crypt} IOs");
+    // Each 4 KiB IO is one crypt clone: a write is encrypted into a bio of its own, sent by
+    // dmcrypt_write, and still names its upper bio.
+    for u in &uppers {
+        assert_eq!(u["layers"][0]["ios"], 1, "{u}");
+    }
+    let lowers: Vec<&Value> = lines.iter().filter(|l| l["device"] == "ram3").collect();
+    assert_eq!(count_by(&lowers, |l| l["op"].as_str().unwrap().to_owned()), want, "ram3 IOs");
+    assert!(lowers.iter().all(|l| l["parent"].is_string()), "every ram3 IO names its upper bio");
+}
+
+#[test]
+fn dm_delay_puts_its_delay_in_the_layer_phase_not_below() {
+    if !ran("dmx") {
+        return;
+    }
+    const DELAY_NS: u64 = 20_000_000;
+    let delay = dm_kernel_name("delay0");
+    let lines = json_lines("dmx_snoop");
+    let uppers = linked_uppers(&lines, &delay, "ram4");
+    assert_eq!(uppers.len(), 50, "{delay} reads");
+    let mut lower: Vec<u64> = Vec::new();
+    for u in &uppers {
+        let l = &u["layers"][0];
+        assert!(l["layer_ns"].as_u64().unwrap() >= DELAY_NS, "the 20 ms before the lower IO: {u}");
+        lower.push(l["lower_ns"].as_u64().unwrap());
+    }
+    lower.sort_unstable();
+    let median = lower[lower.len() / 2];
+    assert!(median < DELAY_NS / 4, "ram4's own time holds no delay: median {median} ns");
+}
+
+#[test]
+fn dm_thin_writes_are_linked_through_the_pool_even_when_they_provision_a_block() {
+    if !ran("dmx") {
+        return;
+    }
+    let (thin, pool) = (dm_kernel_name("thin0"), dm_kernel_name("pool"));
+    let lines = json_lines("dmx_snoop");
+    let uppers = linked_uppers(&lines, &thin, &pool);
+    assert_eq!(uppers.len(), 150, "{thin} writes");
+    // Three levels: each thin write reaches the pool as dm's clone, which the pool sends to
+    // its data device. The pool's own IO (zeroing new blocks, metadata) names no thin bio.
+    let pool_ios: Vec<&Value> = lines.iter().filter(|l| l["device"] == pool).collect();
+    let from_thin: Vec<&Value> = pool_ios.iter().copied().filter(|l| l["parent"].is_string()).collect();
+    assert_eq!(from_thin.len(), 150, "every thin write's clone on {pool}");
+    for p in &from_thin {
+        let layers =
+            p["layers"].as_array().unwrap_or_else(|| panic!("{pool}: a clone not linked below: {p}"));
+        assert!(layers.iter().any(|l| l["lower"] == "ram6"), "{p}");
+        assert_layers_add_up(p);
+    }
+    eprintln!(
+        "{pool}: {} IOs from {thin}, {} of its own (provisioning)",
+        from_thin.len(),
+        pool_ios.len() - from_thin.len()
+    );
+}
+
 #[test]
 fn md_raid1_writes_link_to_both_members_reads_to_one() {
     if !ran("md") {
@@ -418,5 +508,12 @@ fn doctor_chooses_what_this_kernel_must_get() {
          and {kprobes} of {kprobes} kprobes"
     );
     assert!(load["detail"].as_str().unwrap().contains(&want), "{release}: {load}");
+    // The stacked drivers' structs, from their modules' BTF (loaded by the prologue).
+    for module in ["dm_mod", "dm_crypt"] {
+        let c = checks.iter().find(|c| c["name"] == format!("module_btf:{module}")).expect(module);
+        assert_eq!(c["status"], "ok", "{release}: {c}");
+        assert!(c["detail"].as_str().unwrap().starts_with("links "), "{release}: {c}");
+        eprintln!("  module_btf:{module}: {}", c["detail"].as_str().unwrap());
+    }
     eprintln!("{}", log.join("\n"));
 }

@@ -178,12 +178,44 @@ pub struct SubmitState {
     pub _pad: u32,
 }
 
+/// How lower IOs of stacked devices are linked to their upper IO, with the offsets that takes
+/// in the stacked drivers' own structs (their module's BTF, read once the module is loaded).
+/// The one entry of the `STACK` map, rewritten by the daemon when a module appears.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StackLayout {
+    /// Non-zero when something can link (the submit-path kprobes, or a chain below): remaps
+    /// are followed and each queued bio looks up its link.
+    pub links: u32,
+    /// `struct bio.bi_flags` (a u16) and the bit of `BIO_CLONED` in it (vmlinux BTF).
+    pub bio_bi_flags: u32,
+    pub bio_cloned_bit: u32,
+    /// Non-zero when dm_mod's BTF gave the chain from a clone to the bio it was made from:
+    /// clone - `dm_target_io.clone` is its tio; `tio.magic`, `tio.io`; `dm_io.magic`, `.orig_bio`.
+    pub dm: u32,
+    pub tio_clone: u32,
+    pub tio_magic: u32,
+    pub tio_io: u32,
+    pub io_magic: u32,
+    pub io_orig_bio: u32,
+    /// Non-zero when dm_crypt's BTF gave `dm_crypt_io.base_bio`: a crypt clone's `bi_private`
+    /// is its `dm_crypt_io`, whose base bio is dm's clone.
+    pub crypt: u32,
+    pub crypt_io_base_bio: u32,
+    pub _pad: u32,
+}
+
+/// dm's own checks of its per-IO structs (`DM_TIO_MAGIC`, `DM_IO_MAGIC` in drivers/md/dm-core.h;
+/// #defines, so not in BTF). A pointer whose magics do not match is not followed.
+pub mod dm {
+    pub const TIO_MAGIC: u16 = 28714;
+    pub const IO_MAGIC: u16 = 19577;
+}
+
 /// Start-up choices written into the programs' read-only data.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Settings {
-    /// Non-zero when the submit-path kprobes are attached, so remaps can be linked.
-    pub stacking: u32,
     /// Records are committed without waking the reader (which polls on a timer); each CPU wakes
     /// it on every this-many-th record: a wakeup per record costs an IPI per IO.
     pub wakeup_records: u32,
@@ -501,6 +533,7 @@ pub mod names {
     pub const SERIES_OF: &str = "SERIES_OF";
     pub const STREAM: &str = "STREAM";
     pub const SLOW_NS: &str = "SLOW_NS";
+    pub const STACK: &str = "STACK";
 }
 
 #[cfg(feature = "user")]
@@ -515,6 +548,7 @@ mod user {
     unsafe impl aya::Pod for SubmitState {}
     unsafe impl<V: aya::Pod> aya::Pod for Slot<V> {}
     unsafe impl aya::Pod for Settings {}
+    unsafe impl aya::Pod for StackLayout {}
     unsafe impl aya::Pod for SeriesAgg {}
 }
 

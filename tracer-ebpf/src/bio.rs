@@ -10,6 +10,7 @@ use crate::{
     kernel::{Mem, bio_cgroup, bio_dev, read_current_comm},
     maps::{BIOS, EVENTS, LINKS, commit_flags, count_lost, is_traced, layout, settings, stacking, streaming},
     slots::{copy_comm, copy_words, slot_claim, slot_free, slot_get, zero_words},
+    stacking::queued_clone_upper,
 };
 
 pub(crate) fn on_bio_queue<M: Mem>(bio: u64) {
@@ -55,11 +56,13 @@ pub(crate) fn on_bio_queue<M: Mem>(bio: u64) {
         }
     }
     state.parent = 0;
-    if stacking() {
+    if let Some(s) = stacking() {
         // SAFETY: copy out of a map value.
         if let Some(parent) = unsafe { LINKS.get(&key) }.copied() {
             state.parent = parent;
             let _ = LINKS.remove(&key);
+        } else if let Some(parent) = queued_clone_upper(s, key) {
+            state.parent = parent;
         }
     }
 }

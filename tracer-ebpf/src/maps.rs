@@ -9,8 +9,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use tracer_common::{
-    BioState, DeviceState, IoRecord, KernelLayout, RequestState, SeriesAgg, Settings, Slot, SubmitState, agg,
-    event, limits, lost,
+    BioState, DeviceState, IoRecord, KernelLayout, RequestState, SeriesAgg, Settings, Slot, StackLayout,
+    SubmitState, agg, event, limits, lost,
 };
 
 /// Struct offsets of the running kernel, written by the loader (read-only data).
@@ -36,7 +36,6 @@ pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(limits::RINGBUF_BYTE
 /// Start-up choices (read-only data).
 #[unsafe(no_mangle)]
 pub(crate) static SETTINGS: Settings = Settings {
-    stacking: 0,
     wakeup_records: 0,
     all_devices: 0,
     aggregate: 0,
@@ -69,6 +68,11 @@ pub(crate) static STREAM: Array<u32> = Array::with_max_entries(1, 0);
 /// IOs' entry bar of the minute, so that it sees the slowest IOs whole.
 #[map]
 pub(crate) static SLOW_NS: Array<u64> = Array::with_max_entries(limits::MAX_DEVICES + 1, 0);
+
+/// How lower IOs are linked, and the stacked drivers' offsets (`StackLayout`): one entry,
+/// written by the daemon at load and again when a module's BTF appears.
+#[map]
+pub(crate) static STACK: Array<StackLayout> = Array::with_max_entries(1, 0);
 
 /// Lower bios remapped by a stacked device, until their Q. Key: lower `struct bio *`;
 /// value: the upper `struct bio *`.
@@ -122,10 +126,10 @@ pub(crate) fn settings() -> Settings {
     unsafe { read_volatile(&SETTINGS) }
 }
 
+/// The stacking layout, where something can link lower IOs to upper ones (`links`).
 #[inline(always)]
-pub(crate) fn stacking() -> bool {
-    // SAFETY: a plain read of our own global; volatile so the loader's value is used.
-    unsafe { read_volatile(&SETTINGS) }.stacking != 0
+pub(crate) fn stacking() -> Option<&'static StackLayout> {
+    STACK.get(0).filter(|s| s.links != 0)
 }
 
 /// Commit flags: no wakeup, but for every `wakeup_records`-th record of a CPU. Asking the ring

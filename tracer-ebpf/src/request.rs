@@ -54,7 +54,7 @@ pub(crate) fn init_request_record<M: Mem>(l: &KernelLayout, rq: u64, id: u64, di
         }
         bio = M::read(bio, l.bio_bi_next);
     }
-    if stacking() {
+    if stacking().is_some() {
         // A clone request of request-based dm (multipath): linked at its remap. The key is a
         // stack copy: older kernels refuse ring-buffer memory as a map key.
         let key = id;

@@ -8,4 +8,5 @@ pub mod layout;
 pub mod record;
 pub mod series;
 pub mod session;
+pub mod stacking;
 pub mod tracer;

@@ -83,7 +83,7 @@ enum Cmd {
         /// but cloud). Each runs every scenario.
         #[arg(long, default_value = "all")]
         kernel: String,
-        /// Run only this scenario (smoke, doctor, dm, md, nullb, mp, host, cg) and keep the
+        /// Run only this scenario (smoke, doctor, dm, dmx, md, nullb, mp, host, cg) and keep the
         /// console log, without the assertions: for developing a scenario.
         #[arg(long)]
         scenario: Option<String>,

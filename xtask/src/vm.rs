@@ -47,8 +47,19 @@ const MUSL: &str = "x86_64-unknown-linux-musl";
 const GUEST_HANG: Duration = Duration::from_secs(300);
 const VM_HANG: Duration = Duration::from_secs(2400);
 /// Modules the guest prologue loads (their dependencies come along, see [`VmKernel::module_files`]).
-pub const GUEST_MODULES: &[&str] =
-    &["brd", "raid1", "dm-mod", "dm-multipath", "dm-round-robin", "null_blk", "loop"];
+pub const GUEST_MODULES: &[&str] = &[
+    "brd",
+    "raid1",
+    "dm-mod",
+    "dm-multipath",
+    "dm-round-robin",
+    "dm-crypt",
+    "dm-delay",
+    "dm-thin-pool",
+    "crc32c_generic",
+    "null_blk",
+    "loop",
+];
 /// Mount points the prologue mounts on.
 const GUEST_DIRS: &[&str] = &["proc", "sys", "dev", "tmp", "run", "sys/kernel/debug", "sys/kernel/tracing"];
 /// Userspace tools copied from the host with their shared libraries: (guest path, command).
@@ -904,9 +915,15 @@ vm_has_or_gone() {{ grep -q "$2" "$1" 2>/dev/null || ! kill -0 "$3" 2>/dev/null;
 printf "\nVM-BOOTED %s scenarios=%s absent=%s\n" "$(uname -r)" "$scenarios" "$absent"
 {SCENARIO_SELECTION}
 vm_load() {{ vm_have "$1" || return 0; modprobe "$@" || vm_fail "modprobe $1"; }}
-vm_load brd rd_nr=3 rd_size=65536
+# ram0-1 md0, ram2 lin0, ram3 crypt0, ram4 delay0, ram5-6 the thin pool's metadata and data.
+vm_load brd rd_nr=7 rd_size=65536
 vm_load raid1
 vm_load dm-mod
+# The thin pool's persistent data checksums with crc32c: its implementation before libcrc32c.
+vm_load crc32c_generic
+vm_load dm-crypt
+vm_load dm-delay
+vm_load dm-thin-pool
 vm_load dm-multipath
 vm_load dm-round-robin
 vm_load loop

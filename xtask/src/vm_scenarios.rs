@@ -130,6 +130,36 @@ for t in mp8_snoop mp8_report_json; do emit $t; done"#,
     )
 }
 
+/// dm targets that submit the lower IO from another task: dm-crypt (crypt0 over ram3; writes
+/// go out from its dmcrypt_write thread), dm-delay (delay0 over ram4, 20 ms: a kdelayd worker
+/// sends each bio when its delay is up) and dm-thin (thin0 over the pool over ram5 metadata and
+/// ram6 data; a write to an unprovisioned block waits for the pool's worker). Each upper IO is
+/// linked to its lower IO from dm's own structs, whichever task sent it.
+fn dm_deferred() -> String {
+    scenario(
+        "dmx",
+        &["brd", "dm-mod", "dm-crypt", "dm-delay", "dm-thin-pool"],
+        r#"dmsetup create crypt0 --table "0 131072 crypt aes-cbc-plain64 00112233445566778899aabbccddeeff 0 /dev/ram3 0" \
+    || vm_fail "dmsetup create crypt0"
+dmsetup create delay0 --table "0 131072 delay /dev/ram4 0 20" || vm_fail "dmsetup create delay0"
+# The metadata device is zeroed (a fresh ram disk): the pool formats it.
+dmsetup create pool --table "0 131072 thin-pool /dev/ram5 /dev/ram6 128 0" || vm_fail "dmsetup create pool"
+dmsetup message pool 0 "create_thin 0" || vm_fail "dmsetup message pool create_thin"
+dmsetup create thin0 --table "0 131072 thin /dev/mapper/pool 0" || vm_fail "dmsetup create thin0"
+echo "dm devices: $(for d in /sys/block/dm-*; do echo "$(basename $d)=$(cat $d/dm/name)"; done | tr '\n' ' ')"
+trace_start dmx_snoop snoop --json --device crypt0 --device delay0 --device thin0
+trace_start dmx_report_json report --json --duration 600 --device crypt0 --device delay0 --device thin0
+/bin/iogen /dev/mapper/crypt0 write 200 4096 4
+/bin/iogen /dev/mapper/crypt0 read 100 4096 1
+/bin/iogen /dev/mapper/delay0 read 50 4096 1
+/bin/iogen /dev/mapper/thin0 write 150 4096 1
+for t in dmx_snoop dmx_report_json; do trace_stop $t; done
+for t in dmx_snoop dmx_report_json; do emit $t; done
+dmsetup remove thin0 && dmsetup remove pool && dmsetup remove delay0 && dmsetup remove crypt0 \
+    || echo "VM-WARNING dmsetup remove failed""#,
+    )
+}
+
 /// The host-kernel integration tests (tests/tests/host_kernel.rs), on this second kernel. fio
 /// is not in the guest (its libraries are ~80 MB): that one test says so and skips.
 fn host_tests() -> String {
@@ -177,7 +207,7 @@ for t in doctor_json doctor_text; do emit $t; done"#,
 }
 
 /// Every scenario name, in the order they run (the smoke scenario is written in vm.rs).
-pub const NAMES: &[&str] = &["smoke", "doctor", "dm", "md", "nullb", "mp", "host", "cg"];
+pub const NAMES: &[&str] = &["smoke", "doctor", "dm", "dmx", "md", "nullb", "mp", "host", "cg"];
 
 /// Every scenario but smoke, in order.
 pub fn all() -> String {
@@ -185,6 +215,7 @@ pub fn all() -> String {
         HELPERS.to_string(),
         doctor(),
         dm_linear(),
+        dm_deferred(),
         md_raid1(),
         null_blk(),
         dm_multipath(),

@@ -19,6 +19,7 @@ use crate::{
     kernel::btf::{Btf, VMLINUX},
     kernel::hooks::{HOOKS, Hook, HookStatus, KPROBES, kprobes_available},
     kernel::layout,
+    kernel::stacking::{self, Chain, ChainState},
     kernel::tracer::{self, CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, LoadOptions, Tracer},
     model::op::OpDecoder,
     model::topology::{Device, Topology},
@@ -142,6 +143,9 @@ fn run_checks(load: bool) -> Vec<Check> {
         .map_err(|e| e.to_string());
     let devices: Vec<Device> = topology.as_ref().map(|t| t.devices().cloned().collect()).unwrap_or_default();
     checks.extend(kprobe_checks(kprobes_available(), &symbols, &devices, &module_state, attached));
+    if let Some(btf) = &btf {
+        checks.extend(chain_checks(&stacking::resolve(btf, kprobes_available()).1));
+    }
 
     checks.push(ring_buffer_check(privileged, create_ring_buffer));
     checks.push(aggregation_check(aya::util::nr_cpus().map_or(1, |n| n)));
@@ -153,6 +157,24 @@ fn run_checks(load: bool) -> Vec<Check> {
     checks.push(unprivileged_bpf_check(read_sysctl("unprivileged_bpf_disabled").as_deref()));
     checks.push(devices_check(topology.as_ref().map_err(String::as_str), kprobes_available()));
     checks
+}
+
+/// The stacked drivers' module BTF: which lower IOs are linked from any task, which wait for
+/// their module, and which cannot be linked on this kernel.
+fn chain_checks(chains: &[Chain]) -> Vec<Check> {
+    chains
+        .iter()
+        .map(|c| {
+            let name = format!("module_btf:{}", c.module);
+            let detail = stacking::describe(c);
+            match c.state {
+                ChainState::Linked(_) | ChainState::NotLoaded => Check::new(name, Status::Ok, detail),
+                ChainState::Off(_) => Check::new(name, Status::Warn, detail).advice(
+                    "use a kernel built with CONFIG_DEBUG_INFO_BTF_MODULES=y (distribution kernels are)",
+                ),
+            }
+        })
+        .collect()
 }
 
 fn read_sysctl(name: &str) -> Option<String> {

@@ -85,8 +85,12 @@ impl Session {
                 if resolved != self.resolved {
                     self.tracer.set_devices(&resolved.kernel_devs)?;
                     self.resolved = resolved;
-                    // New devices may come with their modules (md, dm): probe their submit paths.
+                    // New devices may come with their modules (md, dm): probe their submit paths
+                    // and read their BTF.
                     self.tracer.retry_kprobes();
+                    if let Err(e) = self.tracer.retry_chains() {
+                        tracing::warn!("{e:#}");
+                    }
                 }
             }
             // A named device vanished: keep tracing the rest as they were.

@@ -12,13 +12,16 @@ use aya::{
     Btf as AyaBtf, Ebpf, EbpfLoader,
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
 };
-use tracer_common::{BioState, DeviceState, RequestState, Settings, Slot, agg, limits, lost, names};
+use tracer_common::{
+    BioState, DeviceState, RequestState, Settings, Slot, StackLayout, agg, limits, lost, names,
+};
 
 use crate::{
     kernel::btf::{Btf, VMLINUX},
     kernel::hooks::{HOOKS, HookStatus, KPROBES, kprobes_available, load_kprobe_programs},
     kernel::layout,
     kernel::series::{DeviceIndex, SeriesTable},
+    kernel::stacking::{self, Chain, ChainState},
     model::op::OpDecoder,
 };
 
@@ -81,6 +84,8 @@ pub struct Tracer {
     indices: DeviceIndex,
     /// The in-kernel aggregation's series, given out to devices.
     pub series: SeriesTable,
+    /// How lower IOs of stacked devices are linked (module BTF chains), as last resolved.
+    pub chains: Vec<Chain>,
 }
 
 pub const CAP_SYS_ADMIN: u32 = 21;
@@ -163,7 +168,6 @@ impl Tracer {
         let ring_bytes = opts.ring_buffer_bytes.unwrap_or(limits::RINGBUF_BYTES);
         let (op_mask, op_read, op_write) = ops.kernel_numbers();
         let settings = Settings {
-            stacking: kprobes_available() as u32,
             wakeup_records: wakeup_records(ring_bytes),
             all_devices: opts.all_devices as u32,
             aggregate: opts.aggregation.mode(),
@@ -207,10 +211,47 @@ impl Tracer {
             hooks.push(status);
         }
         let series = SeriesTable::new(limits::SERIES_DEVICES);
-        let mut tracer =
-            Tracer { ebpf, hooks, ops, kprobes_loaded: false, indices: DeviceIndex::default(), series };
+        let mut tracer = Tracer {
+            ebpf,
+            hooks,
+            ops,
+            kprobes_loaded: false,
+            indices: DeviceIndex::default(),
+            series,
+            chains: Vec::new(),
+        };
         tracer.load_kprobes();
+        tracer.resolve_chains(&btf)?;
         Ok(tracer)
+    }
+
+    /// Reads the stacked drivers' BTF and tells the programs how to link their lower IOs.
+    fn resolve_chains(&mut self, vmlinux: &Btf) -> Result<()> {
+        let (layout, chains) = stacking::resolve(vmlinux, self.kprobes_loaded);
+        for c in chains.iter().filter(|c| !self.chains.contains(c)) {
+            match c.state {
+                ChainState::Linked(_) => tracing::info!("{}: {}", c.module, stacking::describe(c)),
+                ChainState::NotLoaded => tracing::debug!("{}", stacking::describe(c)),
+                ChainState::Off(_) => tracing::warn!("{}", stacking::describe(c)),
+            }
+        }
+        self.chains = chains;
+        let map = self.ebpf.map_mut(names::STACK).context("no STACK map in the BPF object")?;
+        let mut stack: Array<_, StackLayout> = Array::try_from(map)?;
+        stack.set(0, layout, 0).context("cannot write the stacking layout")
+    }
+
+    /// Resolves the chains again when a module they wait for has been loaded (dm, on the first
+    /// dm device).
+    pub fn retry_chains(&mut self) -> Result<()> {
+        let appeared = self.chains.iter().any(|c| {
+            c.state == ChainState::NotLoaded && std::path::Path::new("/sys/module").join(c.module).exists()
+        });
+        if !appeared {
+            return Ok(());
+        }
+        let btf = Btf::from_sys_fs().with_context(|| format!("cannot read kernel BTF from {VMLINUX}"))?;
+        self.resolve_chains(&btf)
     }
 
     /// Loads the submit-path kprobes where the kernel has kprobes, and attaches what it can.

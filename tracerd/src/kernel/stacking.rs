@@ -1,0 +1,212 @@
+//! How lower IOs of stacked devices are linked to their upper IO from what the kernel states:
+//! a dm clone points back to the bio it was made from through dm's own per-IO structs, whichever
+//! task submits it. Their offsets come from each module's BTF (`/sys/kernel/btf/<module>`),
+//! read once the module is loaded; a module without BTF leaves its chain off, and says so.
+
+use std::path::Path;
+
+use tracer_common::StackLayout;
+
+use crate::kernel::btf::Btf;
+
+/// Where the kernel publishes vmlinux's and each loaded module's BTF.
+pub const BTF_DIR: &str = "/sys/kernel/btf";
+
+/// One chain from a lower bio back to its upper bio, and what this kernel gave for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chain {
+    /// The module whose BTF holds the structs.
+    pub module: &'static str,
+    /// What the chain links.
+    pub links: &'static str,
+    pub state: ChainState,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChainState {
+    /// Resolved: the offsets it reads, in words.
+    Linked(String),
+    /// The module is not loaded (yet): the chain is resolved when it appears.
+    NotLoaded,
+    /// The module is loaded without BTF, or its BTF lacks a member: the chain is off.
+    Off(String),
+}
+
+/// Every chain tracerd knows, resolved against the running kernel. `kprobes`: the submit-path
+/// kprobes are attached, which link inline submissions on their own.
+pub fn resolve(vmlinux: &Btf, kprobes: bool) -> (StackLayout, Vec<Chain>) {
+    resolve_with(vmlinux, kprobes, |module| {
+        let loaded = Path::new("/sys/module").join(module).exists();
+        let btf = std::fs::read(Path::new(BTF_DIR).join(module)).ok();
+        (loaded, btf)
+    })
+}
+
+/// [`resolve`], with each module's state (loaded, its BTF) from `module`.
+pub fn resolve_with(
+    vmlinux: &Btf,
+    kprobes: bool,
+    module: impl Fn(&str) -> (bool, Option<Vec<u8>>),
+) -> (StackLayout, Vec<Chain>) {
+    let mut s = StackLayout::default();
+    let mut chains = Vec::new();
+    let bio_flags = vmlinux.member_offset("bio", &["bi_flags"]).ok();
+    let cloned = vmlinux.enumerator("BIO_CLONED").and_then(|v| u32::try_from(v).ok()).filter(|&v| v < 16);
+    // A module's BTF, or why there is none.
+    let load = |name: &str| -> Result<Btf, ChainState> {
+        match module(name) {
+            (false, _) => Err(ChainState::NotLoaded),
+            (true, None) => Err(ChainState::Off(format!(
+                "{name} is loaded without BTF ({BTF_DIR}/{name} is missing: the kernel lacks \
+                 CONFIG_DEBUG_INFO_BTF_MODULES)"
+            ))),
+            (true, Some(data)) => Btf::parse_split(&data, vmlinux)
+                .map_err(|e| ChainState::Off(format!("{BTF_DIR}/{name}: {e}"))),
+        }
+    };
+
+    // dm core: a clone is the last member of its dm_target_io, which names its dm_io, which
+    // names the original bio.
+    let dm = load("dm_mod").and_then(|dm| {
+        let off = |strukt: &str, member: &str| {
+            dm.member_offset(strukt, &[member]).map_err(|e| ChainState::Off(format!("dm_mod's BTF: {e}")))
+        };
+        let [clone, tio_magic, tio_io, io_magic, orig] = [
+            off("dm_target_io", "clone")?,
+            off("dm_target_io", "magic")?,
+            off("dm_target_io", "io")?,
+            off("dm_io", "magic")?,
+            off("dm_io", "orig_bio")?,
+        ];
+        let (Some(flags), Some(bit)) = (bio_flags, cloned) else {
+            return Err(ChainState::Off("vmlinux BTF has no bio.bi_flags or BIO_CLONED".into()));
+        };
+        (s.dm, s.tio_clone, s.tio_magic, s.tio_io, s.io_magic, s.io_orig_bio) =
+            (1, clone, tio_magic, tio_io, io_magic, orig);
+        (s.bio_bi_flags, s.bio_cloned_bit) = (flags, bit);
+        Ok(format!("dm_target_io.clone at {clone}, dm_io.orig_bio at {orig}"))
+    });
+    chains.push(chain("dm_mod", "dm clones to the bio they were made from, from any task", dm));
+
+    // dm-crypt submits its own clone of dm's clone; its bi_private is the crypt IO.
+    let crypt = load("dm_crypt").and_then(|crypt| {
+        let base = crypt
+            .member_offset("dm_crypt_io", &["base_bio"])
+            .map_err(|e| ChainState::Off(format!("dm_crypt's BTF: {e}")))?;
+        if s.dm == 0 {
+            return Err(ChainState::Off("it needs dm_mod's chain".into()));
+        }
+        (s.crypt, s.crypt_io_base_bio) = (1, base);
+        Ok(format!("dm_crypt_io.base_bio at {base}"))
+    });
+    chains.push(chain("dm_crypt", "dm-crypt's clones (reads, and writes from its threads)", crypt));
+
+    s.links = (kprobes || s.dm != 0) as u32;
+    (s, chains)
+}
+
+fn chain(module: &'static str, links: &'static str, result: Result<String, ChainState>) -> Chain {
+    let state = match result {
+        Ok(how) => ChainState::Linked(how),
+        Err(state) => state,
+    };
+    Chain { module, links, state }
+}
+
+/// Whether resolving again could give more: a chain waits for its module.
+pub fn incomplete(chains: &[Chain]) -> bool {
+    chains.iter().any(|c| c.state == ChainState::NotLoaded)
+}
+
+/// A chain's state in the words the log and `tracerd doctor` use.
+pub fn describe(c: &Chain) -> String {
+    match &c.state {
+        ChainState::Linked(how) => format!("links {} ({BTF_DIR}/{}: {how})", c.links, c.module),
+        ChainState::NotLoaded => format!(
+            "{} is not loaded: when it is, tracerd reads {BTF_DIR}/{} and links {}",
+            c.module, c.module, c.links
+        ),
+        ChainState::Off(why) => format!(
+            "{why}: {} are not linked (only submissions inside the stacked driver's own call \
+             are, through the submit-path kprobes, where the kernel has them)",
+            c.links
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::btf::tests::Builder;
+
+    /// vmlinux with `struct bio` and BIO_CLONED: the builder (for modules on top), its BTF, and
+    /// the ids of u16, u64 and struct bio.
+    fn vmlinux() -> (Builder, Btf, [u32; 3]) {
+        let mut base = Builder::new();
+        let u16t = base.int("short unsigned int", 2);
+        let u64t = base.int("long long unsigned int", 8);
+        let bio = base.strukt("bio", 4, 128, &[("bi_next", u64t, 0), ("bi_flags", u16t, 20)]);
+        base.enumeration("", &[("BIO_NO_PAGE_REF", 0), ("BIO_CLONED", 1)]);
+        let btf = Btf::parse(&base.build()).unwrap();
+        (base, btf, [u16t, u64t, bio])
+    }
+
+    /// vmlinux, and dm_mod's and dm_crypt's split BTF on top of it.
+    fn kernel() -> (Btf, Vec<u8>, Vec<u8>) {
+        let (base, vmlinux, [u16t, u64t, bio]) = vmlinux();
+        let mut dm = Builder::split(&base);
+        let io = dm.strukt("dm_io", 4, 200, &[("magic", u16t, 0), ("orig_bio", u64t, 96)]);
+        let io_ptr = dm.ptr(io);
+        dm.strukt("dm_target_io", 4, 168, &[("magic", u16t, 0), ("io", io_ptr, 8), ("clone", bio, 40)]);
+        let mut crypt = Builder::split(&base);
+        crypt.strukt("dm_crypt_io", 4, 64, &[("cc", u64t, 0), ("base_bio", u64t, 8)]);
+        (vmlinux, dm.build(), crypt.build())
+    }
+
+    #[test]
+    fn dm_and_crypt_chains_from_their_modules_btf() {
+        let (vmlinux, dm, crypt) = kernel();
+        let (s, chains) = resolve_with(&vmlinux, false, |m| match m {
+            "dm_mod" => (true, Some(dm.clone())),
+            "dm_crypt" => (true, Some(crypt.clone())),
+            _ => (false, None),
+        });
+        assert_eq!((s.links, s.dm, s.crypt), (1, 1, 1));
+        assert_eq!((s.tio_clone, s.tio_magic, s.tio_io, s.io_magic, s.io_orig_bio), (40, 0, 8, 0, 96));
+        assert_eq!((s.bio_bi_flags, s.bio_cloned_bit, s.crypt_io_base_bio), (20, 1, 8));
+        assert!(chains.iter().all(|c| matches!(c.state, ChainState::Linked(_))), "{chains:?}");
+        assert!(!incomplete(&chains));
+        assert!(describe(&chains[0]).contains("dm_io.orig_bio at 96"), "{}", describe(&chains[0]));
+    }
+
+    #[test]
+    fn a_module_not_loaded_waits_and_one_without_btf_says_so() {
+        let (vmlinux, dm, _) = kernel();
+        let (s, chains) = resolve_with(&vmlinux, false, |_| (false, None));
+        assert_eq!((s.links, s.dm), (0, 0), "nothing links: queued bios look nothing up");
+        assert!(incomplete(&chains));
+        assert!(describe(&chains[0]).starts_with("dm_mod is not loaded"));
+        let (s, _) = resolve_with(&vmlinux, true, |_| (false, None));
+        assert_eq!((s.links, s.dm), (1, 0), "the submit kprobes link on their own");
+
+        let (s, chains) = resolve_with(&vmlinux, false, |m| match m {
+            "dm_mod" => (true, Some(dm.clone())),
+            _ => (true, None),
+        });
+        assert_eq!((s.dm, s.crypt), (1, 0));
+        let crypt = describe(&chains[1]);
+        assert!(crypt.contains("CONFIG_DEBUG_INFO_BTF_MODULES") && crypt.contains("not linked"), "{crypt}");
+    }
+
+    #[test]
+    fn a_module_btf_without_the_members_turns_its_chain_off() {
+        let (base, vmlinux, [u16t, ..]) = vmlinux();
+        let mut dm = Builder::split(&base);
+        dm.strukt("dm_target_io", 4, 8, &[("magic", u16t, 0)]);
+        let dm = dm.build();
+        let (s, chains) = resolve_with(&vmlinux, false, |m| (true, (m == "dm_mod").then(|| dm.clone())));
+        assert_eq!((s.dm, s.links), (0, 0));
+        let why = describe(&chains[0]);
+        assert!(why.contains("dm_target_io") && why.contains("clone"), "{why}");
+    }
+}
