@@ -270,11 +270,18 @@ fn dm_thin_writes_are_linked_through_the_pool_even_when_they_provision_a_block()
         assert!(layers.iter().any(|l| l["lower"] == "ram6"), "{p}");
         assert_layers_add_up(p);
     }
-    eprintln!(
-        "{pool}: {} IOs from {thin}, {} of its own (provisioning)",
-        from_thin.len(),
-        pool_ios.len() - from_thin.len()
-    );
+    // The pool's own IO names no thin IO, and is counted as such, never folded in silently:
+    // its zeroing of new blocks on the pool device, and every write to its metadata device.
+    let own = (pool_ios.len() - from_thin.len()) as u64;
+    let r = report("dmx_report_json");
+    assert!(own > 0, "provisioning writes zero new blocks through the pool");
+    assert_eq!(op(device(&r, &pool), "write")["unlinked"], own, "{pool}'s own IO");
+    let meta = op(device(&r, "ram5"), "write");
+    assert_eq!(meta["unlinked"], meta["requests"], "the metadata writes serve no upper IO: {meta}");
+    for (dev, o) in [("ram6", "write"), ("ram3", "write"), ("ram3", "read"), ("ram4", "read")] {
+        assert!(op(device(&r, dev), o)["unlinked"].is_null(), "every {dev} {o} names its upper IO");
+    }
+    eprintln!("{pool}: {} IOs from {thin}, {own} of its own (provisioning)", from_thin.len());
 }
 
 #[test]

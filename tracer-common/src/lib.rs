@@ -47,6 +47,9 @@ pub mod flag {
     /// association of its own, or only the root's. Without it, the cgroup is the bio's blkcg
     /// (`bio->bi_blkg`), in the hierarchy the io/blkio controller is mounted in (v2, or v1 blkio).
     pub const CGROUP_TASK: u8 = 1 << 4;
+    /// Set by the daemon, never the kernel: an IO of a device below a traced stacked device
+    /// that names no upper IO (the stacked driver's own IO, or a link the kernel does not state).
+    pub const UNLINKED: u8 = 1 << 5;
 }
 
 /// Why an event was lost. Index into the kernel's per-CPU `LOST` counters; the daemon adds

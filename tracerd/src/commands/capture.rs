@@ -79,6 +79,10 @@ pub struct DeviceCapture {
     pub ops: Vec<OpCapture>,
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct OpCapture {
     pub op: Op,
@@ -86,6 +90,9 @@ pub struct OpCapture {
     pub bytes: u64,
     pub merged_bios: u64,
     pub errors: u64,
+    /// IOs below a traced stacked device that named no upper IO.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unlinked: u64,
     pub stages: BTreeMap<Stage, Hist>,
     /// Queue depth at issue: sum and count of the requests issued with one known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -306,6 +313,7 @@ impl Capture {
                 bytes: s.bytes,
                 merged_bios: s.merged_bios,
                 errors: s.errors,
+                unlinked: s.unlinked,
                 stages: Stage::ALL
                     .iter()
                     .filter_map(|&st| Some((st, Hist::of(s.stage(st)?))))
@@ -372,6 +380,7 @@ impl Capture {
                     bytes: o.bytes,
                     merged_bios: o.merged_bios,
                     errors: o.errors,
+                    unlinked: o.unlinked,
                     ..Default::default()
                 };
                 for (stage, h) in &o.stages {

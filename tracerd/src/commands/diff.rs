@@ -455,6 +455,7 @@ mod tests {
                 bytes: 0,
                 merged_bios: 0,
                 errors: 0,
+                unlinked: 0,
                 stages: stages.iter().cloned().collect(),
                 queue_depth: None,
                 layers: vec![],

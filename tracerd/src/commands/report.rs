@@ -113,6 +113,9 @@ pub struct OpReport {
     pub bytes: u64,
     pub merged_bios: u64,
     pub errors: u64,
+    /// IOs below a traced stacked device that named no upper IO (absent when none).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub unlinked: u64,
     pub iops: f64,
     pub bytes_per_second: f64,
     /// Mean queue depth at issue, of the requests issued with one known.
@@ -206,6 +209,7 @@ impl OpReport {
             bytes: s.bytes,
             merged_bios: s.merged_bios,
             errors: s.errors,
+            unlinked: s.unlinked,
             iops: s.requests as f64 / duration_s,
             bytes_per_second: s.bytes as f64 / duration_s,
             queue_depth_mean: (s.queue_depth.count > 0)
@@ -599,6 +603,10 @@ fn t(secs: f64) -> String {
     units::duration_ns(secs * 1e9)
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 fn render_op(out: &mut String, device: &str, op: &OpReport, style: Style) {
     let errors = format!("{} errors", op.errors);
     let _ = writeln!(
@@ -620,6 +628,14 @@ fn render_op(out: &mut String, device: &str, op: &OpReport, style: Style) {
         .collect();
     if !paths.is_empty() {
         let _ = writeln!(out, "  paths: {}", paths.join(", "));
+    }
+    if op.unlinked > 0 {
+        let _ = writeln!(
+            out,
+            "  unlinked: {} of these IOs named no upper IO (the stacked driver's own IO, or a link the \
+             kernel does not state)",
+            op.unlinked
+        );
     }
     let rows: Vec<Vec<String>> = op
         .stages

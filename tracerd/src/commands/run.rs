@@ -189,7 +189,7 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
                 ticks += 1;
                 fold_kernel(&mut session, &state, &frame, (aggregation == Aggregation::Check).then_some(&check))?;
                 for dev in wants_series.borrow_mut().drain() {
-                    if session.resolved.is_target(dev) && session.tracer.give_series(dev)? {
+                    if kernel_may_count(&session, dev) && session.tracer.give_series(dev)? {
                         shared.slowest.lock().unwrap_or_else(|e| e.into_inner()).track(dev);
                     }
                 }
@@ -204,6 +204,25 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
                     None
                 };
                 session.refresh_devices()?;
+                // A stack built on a device that has a series: its IO must come as records now,
+                // so that IO naming no upper IO is seen. What the kernel counted is folded first.
+                let stacked_on: Vec<u32> = session
+                    .resolved
+                    .targets()
+                    .filter(|&dev| session.tracer.series.has(dev) && !kernel_may_count(&session, dev))
+                    .collect();
+                if !stacked_on.is_empty() {
+                    for &dev in &stacked_on {
+                        session.tracer.stop_series(dev)?;
+                    }
+                    // A completion that had already found the series as it stopped may land
+                    // after this fold: at most one IO per CPU, in the instant a stack is built.
+                    fold_kernel(&mut session, &state, &frame, (aggregation == Aggregation::Check).then_some(&check))?;
+                    for dev in stacked_on {
+                        session.tracer.release_series(dev)?;
+                        tracing::info!("{}: a stack was built on it; its IO now goes as records", session.topo.name_of(dev));
+                    }
+                }
                 // One bpf_prog_info read per program serves the run counters and the skips.
                 let programs = session.tracer.program_totals();
                 let lost = session.lost_with(&programs)?;
@@ -337,7 +356,8 @@ fn stream(shared: &api::Shared, io: &Io, topo: &Topology, ops: &OpDecoder, named
 /// devices as they first do IO (a host with dozens of idle loop devices).
 /// Returns the devices given one.
 fn give_series_to_all(session: &mut Session) -> Result<Vec<u32>> {
-    let mut targets: Vec<u32> = session.resolved.targets().collect();
+    let mut targets: Vec<u32> =
+        session.resolved.targets().filter(|&dev| kernel_may_count(session, dev)).collect();
     if targets.len() > session.tracer.series.usage().1 {
         return Ok(vec![]);
     }
@@ -349,6 +369,13 @@ fn give_series_to_all(session: &mut Session) -> Result<Vec<u32>> {
         }
     }
     Ok(given)
+}
+
+/// Whether the kernel may count `dev`'s reads and writes itself: a traced device, not below a
+/// traced stacked device (whose IO the daemon must see, to join it to its upper IO or count it
+/// as naming none).
+fn kernel_may_count(session: &Session, dev: u32) -> bool {
+    session.resolved.is_target(dev) && session.resolved.upper_of(dev).is_none()
 }
 
 fn aggregation_name(a: Aggregation) -> &'static str {

@@ -112,6 +112,12 @@ impl SeriesTable {
         Ok(true)
     }
 
+    /// Points the kernel at no series for the device at `index`; the series keeps its owner,
+    /// so the next fold still reads what it counted.
+    pub fn stop(&mut self, ebpf: &mut Ebpf, index: u32) -> Result<()> {
+        set_series_of(ebpf, index, 0)
+    }
+
     /// Takes `dev`'s series back (the device is no longer traced).
     pub fn release(&mut self, ebpf: &mut Ebpf, dev: u32, index: Option<u32>) -> Result<()> {
         if let Some(series) = self.by_dev.remove(&dev) {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
 use tokio::io::unix::AsyncFd;
-use tracer_common::IoRecord;
+use tracer_common::{IoRecord, flag, kind};
 
 use crate::{
     kernel::record,
@@ -174,7 +174,7 @@ impl Reader<'_> {
         let mut splits = [LayerSplit::default(); MAX_LOWERS];
         while let Some(item) = ring.next() {
             n += 1;
-            let rec = match record::decode(&item) {
+            let mut rec = match record::decode(&item) {
                 Ok(rec) => rec,
                 Err(e) => {
                     *self.decode_errors += 1;
@@ -183,6 +183,12 @@ impl Reader<'_> {
                 }
             };
             let target = self.resolved.target_of(&rec);
+            // IO below a traced stack that names no upper IO is counted as such, never lost in
+            // the lower device's own numbers.
+            let submitted_to = if rec.dev != 0 { rec.dev } else { rec.disk };
+            if rec.parent == 0 && rec.kind != kind::MERGE && self.resolved.upper_of(submitted_to).is_some() {
+                rec.flags |= flag::UNLINKED;
+            }
             if let Some(t) = target {
                 self.layers.lower_done(t, &rec);
             }

@@ -349,6 +349,20 @@ impl Tracer {
         self.series.give(&mut self.ebpf, dev, index)
     }
 
+    /// Stops the kernel counting `dev`'s IO into its series (it goes as records from now on);
+    /// the series is still folded until [`Tracer::release_series`].
+    pub fn stop_series(&mut self, dev: u32) -> Result<()> {
+        match self.indices.get(dev) {
+            Some(index) => self.series.stop(&mut self.ebpf, index),
+            None => Ok(()),
+        }
+    }
+
+    /// Takes `dev`'s series back. Stop it and fold first: it is not read after this.
+    pub fn release_series(&mut self, dev: u32) -> Result<()> {
+        self.series.release(&mut self.ebpf, dev, self.indices.get(dev))
+    }
+
     /// While `on`, IOs the kernel aggregates are sent as records too (a view streams them).
     pub fn set_streaming(&mut self, on: bool) -> Result<()> {
         let map = self.ebpf.map_mut(names::STREAM).context("no STREAM map in the BPF object")?;

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use hdrhistogram::Histogram;
-use tracer_common::{IoRecord, SeriesAgg, agg, event, kind, lost};
+use tracer_common::{IoRecord, SeriesAgg, agg, event, flag, kind, lost};
 
 use crate::{
     model::layers::{LayerSplit, Phase},
@@ -121,6 +121,9 @@ pub struct OpStats {
     pub merged_bios: u64,
     /// Requests completed with a non-zero `blk_status_t`.
     pub errors: u64,
+    /// IOs of a device below a traced stacked device that name no upper IO: the stacked
+    /// driver's own IO (metadata, zeroing, resync), or a link the kernel does not state.
+    pub unlinked: u64,
     pub stages: Stages,
     /// Requests per event path, indexed by the bitmask of events that fired.
     pub paths: [u64; 64],
@@ -178,6 +181,7 @@ impl Default for OpStats {
             bytes: 0,
             merged_bios: 0,
             errors: 0,
+            unlinked: 0,
             stages: Default::default(),
             paths: [0; 64],
             by_qd: BTreeMap::new(),
@@ -365,6 +369,7 @@ impl Aggregator {
             stats.requests += 1;
             stats.bytes += rec.bytes as u64;
             stats.errors += (rec.error != 0) as u64;
+            stats.unlinked += (rec.flags & flag::UNLINKED != 0) as u64;
             stats.paths[path_mask(rec)] += 1;
             if rec.queue_depth != 0 {
                 stats.queue_depth.record(rec.queue_depth);

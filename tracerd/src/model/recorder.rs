@@ -17,7 +17,7 @@ use std::{
     time::Duration,
 };
 
-use tracer_common::{IoRecord, SeriesAgg, agg, event, kind};
+use tracer_common::{IoRecord, SeriesAgg, agg, event, flag, kind};
 
 use crate::model::{
     aggregate::{Aggregator, LayerStats, Lost, OpStats, QD_BUCKETS, StageHist, path_mask},
@@ -104,6 +104,8 @@ pub struct SeriesFrame {
     pub bytes: u64,
     pub merged_bios: u64,
     pub errors: u64,
+    /// IOs below a stacked device that name no upper IO.
+    pub unlinked: u64,
     pub qd: [u64; QD_BUCKETS],
     pub qd_sum: u64,
     pub qd_count: u64,
@@ -142,6 +144,7 @@ impl SeriesFrame {
             self.requests += 1;
             self.bytes += rec.bytes as u64;
             self.errors += (rec.error != 0) as u64;
+            self.unlinked += (rec.flags & flag::UNLINKED != 0) as u64;
             *self.paths.entry(path_mask(rec) as u8).or_default() += 1;
             if rec.queue_depth != 0 {
                 self.qd[agg::qd_bucket(rec.queue_depth)] += 1;
@@ -185,6 +188,7 @@ impl SeriesFrame {
         stats.bytes += self.bytes;
         stats.merged_bios += self.merged_bios;
         stats.errors += self.errors;
+        stats.unlinked += self.unlinked;
         for (&path, &n) in &self.paths {
             stats.paths[path as usize & 63] += n;
         }
@@ -489,7 +493,7 @@ fn encode_buckets(w: &mut Vec<u8>, b: &Buckets) {
 fn encode_series(w: &mut Vec<u8>, (dev, op): (u32, Op), s: &SeriesFrame) {
     varint(w, dev as u64);
     w.push(op_code(op));
-    for v in [s.requests, s.bytes, s.merged_bios, s.errors, s.qd_sum, s.qd_count] {
+    for v in [s.requests, s.bytes, s.merged_bios, s.errors, s.unlinked, s.qd_sum, s.qd_count] {
         varint(w, v);
     }
     let qd: Vec<(usize, u64)> = s.qd.iter().copied().enumerate().filter(|(_, n)| *n != 0).collect();
@@ -568,9 +572,15 @@ fn decode_series(r: &mut Reader) -> Option<((u32, Op), SeriesFrame)> {
     let dev = u32::try_from(r.varint()?).ok()?;
     let op = *OPS.get(r.byte()? as usize)?;
     let mut s = SeriesFrame::default();
-    for v in
-        [&mut s.requests, &mut s.bytes, &mut s.merged_bios, &mut s.errors, &mut s.qd_sum, &mut s.qd_count]
-    {
+    for v in [
+        &mut s.requests,
+        &mut s.bytes,
+        &mut s.merged_bios,
+        &mut s.errors,
+        &mut s.unlinked,
+        &mut s.qd_sum,
+        &mut s.qd_count,
+    ] {
         *v = r.varint()?;
     }
     for _ in 0..r.byte()? {

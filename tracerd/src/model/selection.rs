@@ -33,6 +33,9 @@ pub struct Resolved {
     /// Every `dev_t` the kernel side must trace (targets, plus partitions of target disks and
     /// disks of target partitions, whose requests carry the partition's IO).
     pub kernel_devs: HashSet<u32>,
+    /// Traced devices below a traced stacked device (`holders/`) -> that upper device: their
+    /// IO should name an upper IO.
+    below: HashMap<u32, u32>,
 }
 
 impl Selection {
@@ -57,6 +60,7 @@ impl Selection {
                     r.targets.insert(d.dev);
                 }
             }
+            r.find_stacks(topo);
             return Ok(r);
         }
         for name in &self.names {
@@ -75,11 +79,29 @@ impl Selection {
                 r.add_named(topo, d);
             }
         }
+        r.find_stacks(topo);
         Ok(r)
     }
 }
 
 impl Resolved {
+    /// Which traced devices lie below a traced stacked device.
+    fn find_stacks(&mut self, topo: &Topology) {
+        for d in topo.devices().filter(|d| self.kernel_devs.contains(&d.dev)) {
+            let upper =
+                d.uppers.iter().filter_map(|u| topo.by_name(u)).find(|u| self.targets.contains(&u.dev));
+            if let Some(u) = upper {
+                self.below.insert(d.dev, u.dev);
+            }
+        }
+    }
+
+    /// The traced stacked device `dev` lies below, if any (`dev` as IO is submitted to it: a
+    /// partition where a stack is built on one).
+    pub fn upper_of(&self, dev: u32) -> Option<u32> {
+        self.below.get(&dev).copied()
+    }
+
     /// A named device: its own series; the kernel also traces what carries its IO.
     fn add_named(&mut self, topo: &Topology, d: &Device) {
         self.targets.insert(d.dev);

@@ -309,6 +309,16 @@ pub fn families(state: &State, format: Format) -> Vec<Family> {
         }
         out.push(f);
     }
+    let mut f = family(
+        "tracerd_io_unlinked_total",
+        Kind::Counter,
+        "IOs of a device below a traced stacked device that named no upper IO: the stacked \
+         driver's own IO (metadata, zeroing, resync) or a link the kernel does not state.",
+    );
+    for (device, op, stats) in series.iter().filter(|(_, _, s)| s.unlinked != 0) {
+        number(&mut f, labels([("device", device), ("op", op.as_str())]), stats.unlinked as f64);
+    }
+    out.push(f);
     if let Some(c) = &state.cgroups {
         let mut f = family(
             "tracerd_cgroup_folded_requests_total",
@@ -507,7 +517,7 @@ mod tests {
     use super::*;
     use crate::model::op::Op;
     use std::collections::BTreeSet;
-    use tracer_common::{IoRecord, event, kind};
+    use tracer_common::{IoRecord, event, flag, kind};
 
     fn sample_state() -> State {
         let mut agg = Aggregator::new(false);
@@ -644,7 +654,9 @@ mod tests {
         let split =
             crate::model::layers::LayerSplit { lower: 2, ios: 1, layer_ns: 1, lower_ns: 1, completion_ns: 1 };
         plain.agg.add(1, Op::Read, &r, &[split], |d| format!("dev{d}"));
-        let mut qd = IoRecord { kind: kind::REQUEST, queue_depth: 1, ..Default::default() };
+        // A lower device's IO that named no upper IO, with a queue depth.
+        let mut qd =
+            IoRecord { kind: kind::REQUEST, queue_depth: 1, flags: flag::UNLINKED, ..Default::default() };
         (qd.ts[event::D], qd.ts[event::C]) = (1, 2);
         plain.agg.add(7, Op::Write, &qd, &[], |_| "lo".into());
         plain.aggregation = "kernel";
