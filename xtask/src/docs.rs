@@ -57,39 +57,29 @@ mod tests {
             .collect()
     }
 
-    /// The headings of a page, outside code blocks.
-    fn anchors(text: &str) -> Vec<String> {
+    /// A page's lines outside code blocks.
+    fn prose(text: &str) -> impl Iterator<Item = &str> {
         let mut in_code = false;
-        let mut out = Vec::new();
-        for line in text.lines() {
+        text.lines().filter(move |line| {
             if line.starts_with("```") {
                 in_code = !in_code;
-            } else if !in_code && line.starts_with('#') {
-                out.push(anchor(line.trim_start_matches('#')));
+                return false;
             }
-        }
-        out
+            !in_code
+        })
+    }
+
+    /// The headings of a page, outside code blocks.
+    fn anchors(text: &str) -> Vec<String> {
+        prose(text).filter(|l| l.starts_with('#')).map(|l| anchor(l.trim_start_matches('#'))).collect()
     }
 
     /// Every `](target)` of a page outside code blocks.
     fn links(text: &str) -> Vec<String> {
-        let mut in_code = false;
-        let mut out = Vec::new();
-        for line in text.lines() {
-            if line.starts_with("```") {
-                in_code = !in_code;
-                continue;
-            }
-            if in_code {
-                continue;
-            }
-            for part in line.split("](").skip(1) {
-                if let Some(end) = part.find(')') {
-                    out.push(part[..end].to_owned());
-                }
-            }
-        }
-        out
+        prose(text)
+            .flat_map(|line| line.split("](").skip(1))
+            .filter_map(|part| part.find(')').map(|end| part[..end].to_owned()))
+            .collect()
     }
 
     #[test]

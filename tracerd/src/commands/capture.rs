@@ -79,7 +79,8 @@ pub struct DeviceCapture {
     pub ops: Vec<OpCapture>,
 }
 
-fn is_zero(n: &u64) -> bool {
+/// For `skip_serializing_if`: a count that is 0 is left out.
+pub(crate) fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 

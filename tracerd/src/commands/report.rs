@@ -114,7 +114,7 @@ pub struct OpReport {
     pub merged_bios: u64,
     pub errors: u64,
     /// IOs below a traced stacked device that named no upper IO (absent when none).
-    #[serde(skip_serializing_if = "is_zero")]
+    #[serde(skip_serializing_if = "capture::is_zero")]
     pub unlinked: u64,
     pub iops: f64,
     pub bytes_per_second: f64,
@@ -601,10 +601,6 @@ impl Report {
 /// Seconds in the tables' units.
 fn t(secs: f64) -> String {
     units::duration_ns(secs * 1e9)
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
 }
 
 fn render_op(out: &mut String, device: &str, op: &OpReport, style: Style) {
