@@ -50,6 +50,9 @@ pub mod flag {
     /// Set by the daemon, never the kernel: an IO of a device below a traced stacked device
     /// that names no upper IO (the stacked driver's own IO, or a link the kernel does not state).
     pub const UNLINKED: u8 = 1 << 5;
+    /// The bio itself was moved to this disk after its Q, as NVMe multipath moves a head's bio
+    /// to a path: the record's Q is that remap and its parent the bio on the upper device.
+    pub const PATH: u8 = 1 << 6;
 }
 
 /// Why an event was lost. Index into the kernel's per-CPU `LOST` counters; the daemon adds
@@ -146,6 +149,15 @@ pub struct BioState {
     pub comm: [u8; 16],
 }
 
+/// The `BIOS` key under which a bio moved to a path after its Q (NVMe multipath) keeps its
+/// state on the upper device, while its own key tracks it on the path. Bio pointers are
+/// aligned, so this is never another bio's key, and [`slot_set`] puts both in one set. On that
+/// slot `getrq_ns` holds the bio's C: a head never allocates a request of its own.
+#[inline(always)]
+pub fn head_key(bio: u64) -> u64 {
+    bio | 1
+}
+
 /// One entry of a slot table (the kernel's in-flight bios and requests): a 4-way
 /// set-associative array indexed by a hash of the pointer. Array lookups are inlined by the
 /// verifier; a hash map costs a helper call and a lock per operation, several times per IO.
@@ -206,6 +218,21 @@ pub struct StackLayout {
     pub crypt: u32,
     pub crypt_io_base_bio: u32,
     pub _pad: u32,
+    /// md (md_mod, raid1, raid10 BTF and /proc/kallsyms): a member bio whose `bi_end_io` is a
+    /// personality's end function names its r1bio/r10bio in `bi_private`, whose `master_bio`
+    /// is the upper bio, or md's accounting clone of it: a bio whose `bi_end_io` is
+    /// `md_clone_end` names, in `bi_private`, the clone's struct, whose member at
+    /// `md_clone_orig_bio` is the bio md got. Addresses are 0 where unresolved.
+    pub raid1_read_end: u64,
+    pub raid1_write_end: u64,
+    pub raid10_read_end: u64,
+    pub raid10_write_end: u64,
+    pub md_clone_end: u64,
+    /// `struct bio.bi_end_io` (vmlinux BTF); 0 when md's chains are off.
+    pub bio_bi_end_io: u32,
+    pub r1bio_master_bio: u32,
+    pub r10bio_master_bio: u32,
+    pub md_clone_orig_bio: u32,
 }
 
 /// dm's own checks of its per-IO structs (`DM_TIO_MAGIC`, `DM_IO_MAGIC` in drivers/md/dm-core.h;
@@ -251,6 +278,9 @@ pub struct DeviceState {
     pub in_flight: u32,
     /// The device's index into `SERIES_OF` (1-based; fixed while it is traced).
     pub index: u32,
+    /// 1 for a path disk of NVMe multipath (sysfs `hidden`, below its head): a bio moved here
+    /// after its Q is a lower IO of the bio on the head.
+    pub path: u32,
 }
 
 /// In-kernel aggregation for the agent (`tracerd run`): completed reads and writes of a device

@@ -4,13 +4,13 @@
 use core::ptr::write_volatile;
 
 use aya_ebpf::helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns};
-use tracer_common::{IoRecord, agg, event, flag, kind, limits, lost};
+use tracer_common::{BioState, IoRecord, agg, event, flag, kind, limits, lost};
 
 use crate::{
     kernel::{Mem, bio_cgroup, bio_dev, read_current_comm},
     maps::{BIOS, EVENTS, LINKS, commit_flags, count_lost, is_traced, layout, settings, stacking, streaming},
     slots::{copy_comm, copy_words, slot_claim, slot_free, slot_get, zero_words},
-    stacking::queued_clone_upper,
+    stacking::{on_head_complete, queued_clone_upper},
 };
 
 pub(crate) fn on_bio_queue<M: Mem>(bio: u64) {
@@ -126,7 +126,11 @@ pub(crate) fn on_bio_merge<M: Mem>(bio: u64) {
 /// bio-based device (md, dm, brd) or a bio that never became a request.
 pub(crate) fn on_bio_complete<M: Mem>(bio: u64) {
     let key = M::key(bio);
-    let Some(state) = slot_get(&BIOS, limits::BIO_SLOTS, key) else {
+    let state = slot_get(&BIOS, limits::BIO_SLOTS, key);
+    // SAFETY: our slot's value.
+    let Some(state) = state.filter(|&s| unsafe { (*s).flags } & flag::PATH == 0) else {
+        // A bio that NVMe moved to a path, completing on its head.
+        on_head_complete(key, state);
         return;
     };
     let Some(mut entry) = EVENTS.reserve::<IoRecord>(0) else {
@@ -139,25 +143,33 @@ pub(crate) fn on_bio_complete<M: Mem>(bio: u64) {
     // SAFETY: the reserved entry is ours until submit; `state` is our slot until freed.
     unsafe {
         let rec = entry.as_mut_ptr();
-        zero_words(rec);
-        let (rec, b) = (&mut *rec, &*state);
-        rec.kind = kind::BIO;
-        rec.flags = b.flags;
-        rec.dev = b.dev;
-        rec.cmd_flags = b.opf;
-        rec.bytes = b.bytes;
-        rec.sector = b.sector;
-        rec.pid = b.pid;
-        rec.cgroup = b.cgroup;
-        copy_comm(&mut rec.comm, &b.comm);
-        rec.error = status as u32;
-        rec.id = key;
-        rec.parent = b.parent;
-        rec.submit_ns = b.submit_ns;
-        rec.personality_ns = b.personality_ns;
-        rec.ts[event::Q] = b.queued_ns;
-        rec.ts[event::C] = bpf_ktime_get_ns();
+        fill_bio_record(rec, &*state, key, bpf_ktime_get_ns());
+        (*rec).error = status as u32;
     }
     slot_free(state);
     entry.submit(commit_flags());
+}
+
+/// The record of bio `id` completed at `completed`, from its slot `b` (error left 0).
+#[inline(always)]
+pub(crate) fn fill_bio_record(rec: *mut IoRecord, b: &BioState, id: u64, completed: u64) {
+    // SAFETY: `rec` is a reserved ring-buffer entry, ours to fill.
+    unsafe { zero_words(rec) };
+    // SAFETY: as above.
+    let rec = unsafe { &mut *rec };
+    rec.kind = kind::BIO;
+    rec.flags = b.flags;
+    rec.dev = b.dev;
+    rec.cmd_flags = b.opf;
+    rec.bytes = b.bytes;
+    rec.sector = b.sector;
+    rec.pid = b.pid;
+    rec.cgroup = b.cgroup;
+    copy_comm(&mut rec.comm, &b.comm);
+    rec.id = id;
+    rec.parent = b.parent;
+    rec.submit_ns = b.submit_ns;
+    rec.personality_ns = b.personality_ns;
+    rec.ts[event::Q] = b.queued_ns;
+    rec.ts[event::C] = completed;
 }

@@ -161,6 +161,13 @@ pub(crate) fn count_lost(reason: u32) {
     }
 }
 
+/// A traced multipath path disk (the daemon marks them).
+#[inline(always)]
+pub(crate) fn is_path(dev: u32) -> bool {
+    // SAFETY: copy out of a map value.
+    unsafe { DEVICES.get(&dev) }.is_some_and(|d| d.path != 0)
+}
+
 pub(crate) fn is_traced(dev: u32) -> bool {
     // SAFETY: a plain read of our own global; then a read-only presence check.
     unsafe { read_volatile(&SETTINGS).all_devices != 0 || DEVICES.get(&dev).is_some() }

@@ -16,6 +16,7 @@ use crate::{
         stacking, streaming,
     },
     slots::{copy_comm, copy_words, slot_claim_free, slot_free, slot_get, zero_words},
+    stacking::on_path_done,
 };
 
 /// Front merges followed from a request's first bio back to the bio that allocated it.
@@ -221,10 +222,20 @@ pub(crate) fn on_rq_complete<M: Mem>(rq: u64, error: u32, nr_bytes: u32) {
     }
     s.record.ts[event::C] = unsafe { bpf_ktime_get_ns() };
     s.record.error = error;
+    // A path request's head bio goes after it (see on_path_done). Typed pointers stay here:
+    // the verifier refuses them as arguments of a function it checks on its own.
+    let (path_of, bios_left) = if s.record.flags & flag::PATH != 0 {
+        (s.record.parent, M::read::<u64>(rq, l.rq_bio) != 0)
+    } else {
+        (0, false)
+    };
     let mode = settings().aggregate;
     if mode != agg::mode::RECORDS && aggregate(&s.record, disk) {
         if mode == agg::mode::KERNEL && !streaming() && !slow(&s.record, disk) {
             slot_free(state);
+            if path_of != 0 {
+                on_path_done(path_of, bios_left);
+            }
             return;
         }
         s.record.flags |= flag::IN_KERNEL;
@@ -243,6 +254,9 @@ pub(crate) fn on_rq_complete<M: Mem>(rq: u64, error: u32, nr_bytes: u32) {
         None => count_lost(lost::RINGBUF_FULL),
     }
     slot_free(state);
+    if path_of != 0 {
+        on_path_done(path_of, bios_left);
+    }
 }
 
 /// A request completed that was never inserted or issued itself (the flush machinery finishes

@@ -4,12 +4,13 @@
 //! call (the submit-path kprobes, which also time the layer's own work).
 
 use aya_ebpf::helpers::bpf_ktime_get_ns;
-use tracer_common::{KernelLayout, StackLayout, SubmitState, dm, flag, limits, lost};
+use tracer_common::{BioState, IoRecord, KernelLayout, StackLayout, SubmitState, dm, flag, head_key, limits, lost};
 
 use crate::{
     kernel::{Mem, Probe, bio_dev, rq_disk, scalar, thread_id},
-    maps::{BIOS, LINKS, REQUESTS, SUBMITTING, count_lost, layout, stacking},
-    slots::slot_get,
+    maps::{BIOS, EVENTS, LINKS, REQUESTS, SUBMITTING, commit_flags, count_lost, is_path, layout, stacking},
+    bio::fill_bio_record,
+    slots::{copy_words, slot_claim, slot_claim_free, slot_free, slot_get},
 };
 
 /// The bio a dm clone was made from: clone -> its `dm_target_io` -> `dm_io` -> `orig_bio`, each
@@ -48,6 +49,34 @@ fn dm_upper(l: &KernelLayout, s: &StackLayout, bio: u64) -> Option<u64> {
     dm_original(s, Probe::read(crypt_io, s.crypt_io_base_bio))
 }
 
+/// The upper bio of an md raid1/raid10 member bio, as md states it, whichever task sends it
+/// (raid1d's retries, writes flushed from the plug): its `bi_end_io` names the personality,
+/// its `bi_private` the r1bio/r10bio, whose `master_bio` is the upper bio or md's accounting
+/// clone of it, which names the bio md got.
+#[inline(always)]
+fn md_upper(l: &KernelLayout, s: &StackLayout, bio: u64) -> Option<u64> {
+    if s.bio_bi_end_io == 0 {
+        return None;
+    }
+    let end: u64 = Probe::read(bio, s.bio_bi_end_io);
+    let master = if end == 0 {
+        return None;
+    } else if end == s.raid1_read_end || end == s.raid1_write_end {
+        s.r1bio_master_bio
+    } else if end == s.raid10_read_end || end == s.raid10_write_end {
+        s.r10bio_master_bio
+    } else {
+        return None;
+    };
+    let r: u64 = Probe::read(bio, l.bio_bi_private);
+    let mut upper: u64 = Probe::read(r, master);
+    if upper != 0 && s.md_clone_end != 0 && Probe::read::<u64>(upper, s.bio_bi_end_io) == s.md_clone_end {
+        let clone_of: u64 = Probe::read(upper, l.bio_bi_private);
+        upper = Probe::read(clone_of, s.md_clone_orig_bio);
+    }
+    (upper != 0).then_some(upper)
+}
+
 /// At Q, for a bio no remap linked: a dm clone that its target sent on without a remap
 /// (dm-snapshot, dm-integrity, writecache discards) still points back to its original.
 #[inline(always)]
@@ -58,12 +87,125 @@ pub(crate) fn queued_clone_upper(s: &StackLayout, bio: u64) -> Option<u64> {
     dm_original(s, bio)
 }
 
+/// A bio already queued moved to another traced disk, as NVMe multipath sends a head's bio to
+/// one of its paths (no second Q follows, the bio is the same): from here the bio's own slot
+/// tracks it on the path, as a lower IO queued at this remap whose parent is the bio, and its
+/// state on the head moves to the slot of [`head_key`]. A failover resubmits the bio to another
+/// path: the head's slot is there already. False for any other remap (a partition's comes
+/// before Q; dm and md remap clones, which are queued after their remap).
+#[inline(always)]
+fn on_path_remap(bio: u64) -> bool {
+    let lower = slot_get(&BIOS, limits::BIO_SLOTS, bio);
+    let head = slot_get(&BIOS, limits::BIO_SLOTS, head_key(bio));
+    if lower.is_none() && head.is_none() {
+        return false;
+    }
+    let dev = bio_dev::<Probe>(layout(), bio);
+    let head = match (head, lower) {
+        (Some(head), _) => head,
+        (None, Some(lower)) => {
+            // SAFETY: our slot's value.
+            if unsafe { (*lower).dev } == dev || !is_path(dev) {
+                return false;
+            }
+            let Some(head) = slot_claim_free(&BIOS, limits::BIO_SLOTS, head_key(bio)) else {
+                count_lost(lost::BIO_MAP_FULL);
+                return true;
+            };
+            // SAFETY: two slot values (distinct keys, so distinct slots).
+            unsafe {
+                copy_words(head, lower);
+                (*head).getrq_ns = 0;
+            }
+            head
+        }
+        (None, None) => return false,
+    };
+    let Some(lower) = lower.or_else(|| slot_claim(&BIOS, limits::BIO_SLOTS, bio)) else {
+        count_lost(lost::BIO_MAP_FULL);
+        return true;
+    };
+    // SAFETY: two slot values (distinct keys, so distinct slots).
+    unsafe {
+        copy_words(lower, head);
+        let l = &mut *lower;
+        l.queued_ns = bpf_ktime_get_ns();
+        l.getrq_ns = 0;
+        l.submit_ns = 0;
+        l.personality_ns = 0;
+        l.dev = dev;
+        l.parent = bio;
+        l.flags |= flag::PATH;
+    }
+    true
+}
+
+/// A path request (flag::PATH) of `bio` completed; its record is in the ring buffer. The
+/// bio's record on the head follows it, so that the daemon sees the lower IO before its upper
+/// IO. Its C is the head's own if NVMe traced it (just before), else now: a batch of
+/// completions ends the bios without `block_bio_complete` on the head. A request with no bios
+/// left (`bios_left` false: a failover took them back to the head, to be sent down another
+/// path) leaves the bio in flight.
+pub(crate) fn on_path_done(bio: u64, bios_left: bool) {
+    if !bios_left {
+        return;
+    }
+    let Some(head) = slot_get(&BIOS, limits::BIO_SLOTS, head_key(bio)) else {
+        return;
+    };
+    // SAFETY: our slot's value.
+    let completed = match unsafe { (*head).getrq_ns } {
+        0 => unsafe { bpf_ktime_get_ns() },
+        c => c,
+    };
+    emit_head(bio, head, completed);
+}
+
+/// The bio completed on the head (`block_bio_complete` on the head's queue, which NVMe
+/// traces just before it ends the path request); `lower` is the bio's path slot if still there.
+/// The head's record waits for the path request's ([`on_path_done`]), but where no request
+/// took the bio on (its slot is still here) there is nothing to wait for.
+pub(crate) fn on_head_complete(bio: u64, lower: Option<*mut BioState>) {
+    let Some(head) = slot_get(&BIOS, limits::BIO_SLOTS, head_key(bio)) else {
+        if let Some(lower) = lower {
+            slot_free(lower);
+        }
+        return;
+    };
+    let now = unsafe { bpf_ktime_get_ns() };
+    match lower {
+        Some(lower) => {
+            slot_free(lower);
+            emit_head(bio, head, now);
+        }
+        // SAFETY: our slot's value.
+        None => unsafe { (*head).getrq_ns = now },
+    }
+}
+
+/// The record of a bio on its head device, from its head slot, which it frees.
+fn emit_head(bio: u64, head: *mut BioState, completed: u64) {
+    let Some(mut entry) = EVENTS.reserve::<IoRecord>(0) else {
+        slot_free(head);
+        count_lost(lost::RINGBUF_FULL);
+        return;
+    };
+    // SAFETY: the reserved entry is ours until submit; `head` is our slot until freed.
+    fill_bio_record(entry.as_mut_ptr(), unsafe { &*head }, bio, completed);
+    slot_free(head);
+    entry.submit(commit_flags());
+}
+
 /// A stacked device (dm, md) sent `lower` down; `upper_dev` is its own device. The upper bio
 /// is the one dm's structs name, else the one this task is submitting (the submit kprobes).
 pub(crate) fn on_bio_remap(lower: u64, upper_dev: u32) {
-    let Some(s) = stacking() else { return };
     let lower = scalar(lower);
-    let upper = match dm_upper(layout(), s, lower) {
+    if on_path_remap(lower) {
+        return;
+    }
+    let Some(s) = stacking() else { return };
+    let l = layout();
+    let upper = match dm_upper(l, s, lower).or_else(|| md_upper(l, s, lower)) {
         Some(upper) => upper,
         None => {
             // SAFETY: copy out of a map value.
@@ -78,7 +220,7 @@ pub(crate) fn on_bio_remap(lower: u64, upper_dev: u32) {
             sub.bio
         }
     };
-    // NVMe multipath and partitions remap the bio itself: it is not a lower IO of its own.
+    // A partition remap of the bio being submitted: not a lower IO of its own.
     if upper == lower {
         return;
     }

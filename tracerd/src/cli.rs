@@ -48,6 +48,10 @@ pub struct TraceArgs {
     /// config's `attach`].
     #[arg(long, value_enum, value_name = "HOW")]
     pub attach: Option<Attach>,
+    /// Load no kprobes, only tracepoints (as on a kernel without kprobes): no md/dm submit-path
+    /// time, and no links but those the kernel's structs state [default: the config's `kprobes`].
+    #[arg(long)]
+    pub no_kprobes: bool,
     /// Settings file (TOML; every key in tracerd.example.toml). Flags win over it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<std::path::PathBuf>,

@@ -23,6 +23,7 @@ pub struct File {
     pub listen: Option<String>,
     pub ring_buffer_bytes: Option<u64>,
     pub attach: Option<String>,
+    pub kprobes: Option<bool>,
     #[serde(default)]
     pub devices: DevicesSection,
     #[serde(default)]
@@ -109,6 +110,8 @@ pub struct Flags {
     pub listen: Option<SocketAddr>,
     pub ring_buffer_bytes: Option<u32>,
     pub attach: Option<Attach>,
+    /// `--no-kprobes`.
+    pub no_kprobes: bool,
     pub devices: Vec<String>,
     pub exclude: Vec<String>,
     pub socket: Option<std::path::PathBuf>,
@@ -122,6 +125,8 @@ pub struct Config {
     pub ring_buffer_bytes: Option<u32>,
     /// How the tracepoint hooks attach.
     pub attach: Attach,
+    /// Load the submit-path kprobes where the kernel has kprobes.
+    pub kprobes: bool,
     /// Devices to trace; empty means every block device.
     pub include: Vec<String>,
     /// Devices never traced (kernel names; `*` matches any run of characters).
@@ -157,6 +162,7 @@ impl Default for Config {
             listen: DEFAULT_LISTEN.parse().expect("valid default"),
             ring_buffer_bytes: None,
             attach: Attach::Auto,
+            kprobes: true,
             include: Vec::new(),
             exclude: Vec::new(),
             histogram: HistogramRange::default(),
@@ -216,6 +222,7 @@ pub fn resolve(file: File, flags: Flags) -> Result<Config> {
             .map_err(|_| anyhow::anyhow!("attach = \"{s}\": must be auto (tp_btf, else raw_tp) or raw_tp"))?,
         (None, None) => d.attach,
     };
+    let kprobes = !flags.no_kprobes && file.kprobes.unwrap_or(d.kprobes);
     let include =
         if flags.devices.is_empty() { file.devices.include.unwrap_or_default() } else { flags.devices };
     let mut exclude = file.devices.exclude.unwrap_or_default();
@@ -340,6 +347,7 @@ pub fn resolve(file: File, flags: Flags) -> Result<Config> {
         listen,
         ring_buffer_bytes,
         attach,
+        kprobes,
         include,
         exclude,
         histogram,

@@ -47,6 +47,7 @@ fn settings(
         listen,
         ring_buffer_bytes: trace.ring_buffer_bytes,
         attach: trace.attach,
+        no_kprobes: trace.no_kprobes,
         devices: trace.devices,
         exclude: trace.exclude,
         socket: trace.socket,
@@ -60,6 +61,7 @@ fn settings(
         ring_buffer_bytes: config.ring_buffer_bytes,
         all_devices,
         attach: config.attach,
+        no_kprobes: !config.kprobes,
         ..Default::default()
     };
     Ok((config, selection, opts))

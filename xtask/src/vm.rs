@@ -50,6 +50,7 @@ const VM_HANG: Duration = Duration::from_secs(2400);
 pub const GUEST_MODULES: &[&str] = &[
     "brd",
     "raid1",
+    "raid10",
     "dm-mod",
     "dm-multipath",
     "dm-round-robin",
@@ -59,6 +60,47 @@ pub const GUEST_MODULES: &[&str] = &[
     "crc32c_generic",
     "null_blk",
     "loop",
+    // Real drivers on qemu's emulated disks (see [`REAL_DISKS`]), and the schedulers that are
+    // modules in Debian's builds (mq-deadline is built in).
+    "virtio_pci",
+    "nvme",
+    "virtio_blk",
+    "virtio_scsi",
+    "sd_mod",
+    "kyber-iosched",
+    "bfq",
+];
+
+/// qemu's emulated disks, each backed by qemu's null driver (reads return zeros, writes are
+/// dropped: no image files): a plain NVMe namespace, one namespace shared by two controllers of
+/// one NVMe subsystem (native multipath: a head disk over two hidden path disks; qemu wants
+/// one serial for a subsystem's controllers), a virtio-scsi
+/// disk and a virtio-blk disk.
+const REAL_DISKS: &[&str] = &[
+    "-blockdev",
+    "driver=null-co,node-name=nvme_plain,size=67108864,read-zeroes=on",
+    "-device",
+    "nvme,serial=tracerd-plain,drive=nvme_plain",
+    "-device",
+    "nvme-subsys,id=mpath,nqn=tracerd-mpath",
+    "-device",
+    "nvme,serial=tracerd-mpath,subsys=mpath",
+    "-device",
+    "nvme,serial=tracerd-mpath,subsys=mpath",
+    "-blockdev",
+    "driver=null-co,node-name=nvme_shared,size=67108864,read-zeroes=on",
+    "-device",
+    "nvme-ns,drive=nvme_shared,nsid=1,shared=on",
+    "-device",
+    "virtio-scsi-pci,id=scsi0",
+    "-blockdev",
+    "driver=null-co,node-name=scsi_disk,size=67108864,read-zeroes=on",
+    "-device",
+    "scsi-hd,drive=scsi_disk,bus=scsi0.0",
+    "-blockdev",
+    "driver=null-co,node-name=virtio_disk,size=67108864,read-zeroes=on",
+    "-device",
+    "virtio-blk-pci,drive=virtio_disk",
 ];
 /// Mount points the prologue mounts on.
 const GUEST_DIRS: &[&str] = &["proc", "sys", "dev", "tmp", "run", "sys/kernel/debug", "sys/kernel/tracing"];
@@ -708,7 +750,9 @@ pub fn boot_logged(
     let append = format!("console=ttyS0 oops=panic panic=-1 quiet noirqdebug {cmdline_extra}");
     let mut child = Command::new("qemu-system-x86_64")
         .args(["-accel", "tcg,thread=single", "-cpu", "max", "-m", "1G", "-smp", "2"])
-        .args(["-nographic", "-no-reboot", "-nic", "none", "-kernel"])
+        .args(["-nographic", "-no-reboot", "-nic", "none"])
+        .args(REAL_DISKS)
+        .arg("-kernel")
         .arg(&kernel.image)
         .arg("-initrd")
         .arg(initramfs)
@@ -915,9 +959,11 @@ vm_has_or_gone() {{ grep -q "$2" "$1" 2>/dev/null || ! kill -0 "$3" 2>/dev/null;
 printf "\nVM-BOOTED %s scenarios=%s absent=%s\n" "$(uname -r)" "$scenarios" "$absent"
 {SCENARIO_SELECTION}
 vm_load() {{ vm_have "$1" || return 0; modprobe "$@" || vm_fail "modprobe $1"; }}
-# ram0-1 md0, ram2 lin0, ram3 crypt0, ram4 delay0, ram5-6 the thin pool's metadata and data.
-vm_load brd rd_nr=7 rd_size=65536
+# ram0-1 md0, ram2 lin0, ram3 crypt0, ram4 delay0, ram5-6 the thin pool's metadata and data,
+# ram7-8 md1 (raid10, made by the md scenario).
+vm_load brd rd_nr=9 rd_size=65536
 vm_load raid1
+vm_load raid10
 vm_load dm-mod
 # The thin pool's persistent data checksums with crc32c: its implementation before libcrc32c.
 vm_load crc32c_generic
@@ -927,6 +973,13 @@ vm_load dm-thin-pool
 vm_load dm-multipath
 vm_load dm-round-robin
 vm_load loop
+vm_load virtio_pci
+vm_load nvme
+vm_load virtio_blk
+vm_load virtio_scsi
+vm_load sd_mod
+vm_load kyber-iosched
+vm_load bfq
 # nullb0..5 for the queue-depth scenario, nullb6 under multipath; timer completions keep
 # requests in flight.
 vm_load null_blk nr_devices=7 irqmode=2 completion_nsec=50000000 hw_queue_depth=64

@@ -30,7 +30,7 @@ emit() {
     echo "VM-RESULT-BEGIN $1"
     cat /tmp/$1.out
     echo "VM-RESULT-END $1"
-    if grep -qi "error" /tmp/$1.err; then echo "--- $1 stderr:"; cat /tmp/$1.err; fi
+    if grep -qi "error" /tmp/$1.err 2>/dev/null; then echo "--- $1 stderr:"; cat /tmp/$1.err; fi
 }
 "#;
 
@@ -67,24 +67,35 @@ for t in dm_snoop dm_report_json dm_report_text dm_metrics dm_window; do emit $t
     )
 }
 
-/// md raid1 (md0 over ram0, ram1; --assume-clean): 200 writes at qd 1, 100 reads at qd 2.
+/// md raid1 (md0 over ram0, ram1) and raid10 (md1 over ram7, ram8), both --assume-clean: 200
+/// writes at qd 1, 100 reads at qd 2 on each; md1 and a second view of md0 traced without kprobes.
 fn md_raid1() -> String {
     scenario(
         "md",
-        &["brd", "raid1"],
-        r#"# Dirty the array before tracing: md's own superblock write is not part of the workload,
-# and with safe mode off the array stays dirty (no further superblock writes).
-echo 0 > /sys/block/md0/md/safe_mode_delay
-/bin/iogen /dev/md0 write 1 4096 1 > /dev/null
-# md_write_start waits for the superblock update, so this is at once; it only catches a change.
-vm_until "md0 never left the clean state" grep -q '^active' /sys/block/md0/md/array_state
+        &["brd", "raid1", "raid10"],
+        r#"# md1: raid10 (two near copies) over ram7 and ram8.
+mdadm --create /dev/md1 --run --force --level=10 --layout=n2 --raid-devices=2 --metadata=1.2 \
+    --assume-clean /dev/ram7 /dev/ram8 || vm_fail "mdadm --create /dev/md1"
+# Dirty the arrays before tracing: md's own superblock write is not part of the workload,
+# and with safe mode off an array stays dirty (no further superblock writes).
+for md in md0 md1; do
+    echo 0 > /sys/block/$md/md/safe_mode_delay
+    /bin/iogen /dev/$md write 1 4096 1 > /dev/null
+    # md_write_start waits for the superblock update, so this is at once; it only catches a change.
+    vm_until "$md never left the clean state" grep -q '^active' /sys/block/$md/md/array_state
+done
 trace_start md_snoop snoop --json --device md0
 trace_start md_report_json report --json --duration 600 --device md0
 trace_start md_report_text report --duration 600 --device md0
+# Without kprobes: the links come from md's own structs (module BTF) alone.
+trace_start md_snoop_btf snoop --json --no-kprobes --device md0 --device md1
 /bin/iogen /dev/md0 write 200 4096 1
 /bin/iogen /dev/md0 read 100 4096 2
-for t in md_snoop md_report_json md_report_text; do trace_stop $t; done
-for t in md_snoop md_report_json md_report_text; do emit $t; done"#,
+/bin/iogen /dev/md1 write 200 4096 1
+/bin/iogen /dev/md1 read 100 4096 2
+for t in md_snoop md_report_json md_report_text md_snoop_btf; do trace_stop $t; done
+for t in md_snoop md_report_json md_report_text md_snoop_btf; do emit $t; done
+mdadm --stop /dev/md1 || echo "VM-WARNING mdadm --stop /dev/md1 failed""#,
     )
 }
 
@@ -160,6 +171,58 @@ dmsetup remove thin0 && dmsetup remove pool && dmsetup remove delay0 && dmsetup 
     )
 }
 
+/// qemu's real drivers (see `REAL_DISKS` in vm.rs): a plain NVMe namespace, a virtio-scsi
+/// disk, a virtio-blk disk, and an NVMe multipath head over two path disks. One round per
+/// scheduler (none, mq-deadline, kyber, bfq, on every request-based disk and path), each with
+/// its own multipath I/O policy, and each traced whole: `report` of every device, `report` of
+/// the head alone (which brings its paths), and `snoop` of every IO; /proc/diskstats before and
+/// after each round is what the host compares the counts with.
+fn real_drivers() -> String {
+    scenario(
+        "drivers",
+        &["nvme", "virtio_pci", "virtio_blk", "virtio_scsi", "sd_mod", "kyber-iosched", "bfq"],
+        r#"# The drivers probe asynchronously: wait for both paths, then name the disks from sysfs.
+vm_until "the two NVMe paths never appeared" sh -c '[ "$(ls -d /sys/block/nvme*c*n* 2>/dev/null | wc -l)" = 2 ]'
+vm_until "the virtio disks never appeared" sh -c '[ -b /dev/sda ] && [ -b /dev/vda ]'
+paths=$(for p in /sys/block/nvme*c*n*; do basename $p; done | tr '\n' ' ')
+path1=${paths%% *}
+head=$(echo $path1 | sed 's/c[0-9]*n/n/')
+plain=$(for d in /sys/block/nvme*n*; do n=$(basename $d); case $n in *c*|$head) ;; *) echo $n;; esac; done | head -1)
+subsys=$(basename $(readlink /sys/block/$head/device))
+vm_until "/dev/$head never appeared" test -b /dev/$head
+disks=$(echo $plain sda vda $head $paths | tr ' ' '|')
+echo "real disks: plain=$plain head=$head paths=$paths subsystem=$subsys policies=$(cat /sys/class/nvme-subsystem/$subsys/iopolicy)"
+round=0
+for sched in none mq-deadline kyber bfq; do
+    round=$((round + 1))
+    case $sched in
+        mq-deadline) policy=numa;; kyber) policy=queue-depth;; *) policy=round-robin;;
+    esac
+    echo $policy > /sys/class/nvme-subsystem/$subsys/iopolicy 2>/dev/null || policy=round-robin
+    echo $policy > /sys/class/nvme-subsystem/$subsys/iopolicy
+    for d in $plain sda vda $paths; do
+        echo $sched > /sys/block/$d/queue/scheduler || vm_fail "scheduler $sched on $d"
+    done
+    echo "round $round: scheduler $sched, policy $(cat /sys/class/nvme-subsystem/$subsys/iopolicy)"
+    trace_start drv${round}_report report --json --duration 600
+    trace_start drv${round}_head report --json --duration 600 --device $head
+    trace_start drv${round}_snoop snoop --json
+    grep -E " ($disks) " /proc/diskstats > /tmp/drv${round}_before.out
+    for d in $plain sda vda $head; do
+        /bin/iogen /dev/$d read 60 4096 2
+        /bin/iogen /dev/$d write 40 4096 2
+    done
+    for d in $plain sda vda $paths; do vm_idle $d; done
+    grep -E " ($disks) " /proc/diskstats > /tmp/drv${round}_after.out
+    for t in drv${round}_report drv${round}_head drv${round}_snoop; do trace_stop $t; done
+    echo "VM-RESULT-BEGIN drv${round}_setup"
+    echo "scheduler=$sched policy=$policy head_iostats=$(cat /sys/block/$head/queue/iostats) plain=$plain head=$head paths=$paths"
+    echo "VM-RESULT-END drv${round}_setup"
+    for t in drv${round}_before drv${round}_after drv${round}_report drv${round}_head drv${round}_snoop; do emit $t; done
+done"#,
+    )
+}
+
 /// The host-kernel integration tests (tests/tests/host_kernel.rs), on this second kernel. fio
 /// is not in the guest (its libraries are ~80 MB): that one test says so and skips.
 fn host_tests() -> String {
@@ -207,7 +270,7 @@ for t in doctor_json doctor_text; do emit $t; done"#,
 }
 
 /// Every scenario name, in the order they run (the smoke scenario is written in vm.rs).
-pub const NAMES: &[&str] = &["smoke", "doctor", "dm", "dmx", "md", "nullb", "mp", "host", "cg"];
+pub const NAMES: &[&str] = &["smoke", "doctor", "dm", "dmx", "md", "nullb", "mp", "drivers", "host", "cg"];
 
 /// Every scenario but smoke, in order.
 pub fn all() -> String {
@@ -219,6 +282,7 @@ pub fn all() -> String {
         md_raid1(),
         null_blk(),
         dm_multipath(),
+        real_drivers(),
         host_tests(),
         cgroup_tests(),
     ]

@@ -419,6 +419,7 @@ impl Capture {
                 .and_then(|r| r.strip_suffix(')'))
                 .map(str::to_owned),
             md_level: None,
+            hidden: false,
         });
         let mut lost = Lost::default();
         for (counter, (reason, _)) in lost.counters_mut().into_iter().zip(Lost::default().reasons()) {

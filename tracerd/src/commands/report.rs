@@ -1268,7 +1268,7 @@ mod tests {
             &[("ram0", "1:0", None, false), ("ram1", "1:1", None, false)],
             &[("md0", "9:0", &["ram0", "ram1"], None, Some("raid1"))],
         );
-        let topo = Topology::scan_root(&dir.0).unwrap();
+        let topo = Topology::scan_root(&dir.0, &dir.0.join("diskstats")).unwrap();
         let mut agg = Aggregator::new(false);
         let name = |d: u32| topo.name_of(d);
         let mut upper = IoRecord { kind: kind::BIO, submit_ns: 5000, ..Default::default() };
@@ -1506,7 +1506,7 @@ lost events: stale_bio 3
             ],
             &[("dm-0", "253:0", &["nvme0n1p12", "mmcblk0boot0"], Some("lin0"), None)],
         );
-        let topo = Topology::scan_root(&dir.0).unwrap();
+        let topo = Topology::scan_root(&dir.0, &dir.0.join("diskstats")).unwrap();
         let name = |d: u32| topo.name_of(d);
         let (dm0, p12, boot) = (
             crate::model::topology::kernel_dev(253, 0),

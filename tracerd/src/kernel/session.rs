@@ -49,7 +49,7 @@ impl Session {
         // Resolve before loading, so an unknown --device fails before anything is attached.
         let resolved = selection.resolve(&topo)?;
         let mut tracer = Tracer::load(opts)?;
-        tracer.set_devices(&resolved.kernel_devs)?;
+        tracer.set_devices(&resolved.kernel_devs, &resolved.paths)?;
         // SAFETY: the ring buffer owns its fd and lives inside the AsyncFd until both drop.
         let attached = tracer.hooks.iter().filter(|h| h.attached()).count();
         tracing::info!("attached {attached} hooks; tracing {} block devices", resolved.kernel_devs.len());
@@ -83,7 +83,7 @@ impl Session {
         match self.selection.resolve(&topo) {
             Ok(resolved) => {
                 if resolved != self.resolved {
-                    self.tracer.set_devices(&resolved.kernel_devs)?;
+                    self.tracer.set_devices(&resolved.kernel_devs, &resolved.paths)?;
                     self.resolved = resolved;
                     // New devices may come with their modules (md, dm): probe their submit paths
                     // and read their BTF.

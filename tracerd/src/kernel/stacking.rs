@@ -35,18 +35,45 @@ pub enum ChainState {
 /// Every chain tracerd knows, resolved against the running kernel. `kprobes`: the submit-path
 /// kprobes are attached, which link inline submissions on their own.
 pub fn resolve(vmlinux: &Btf, kprobes: bool) -> (StackLayout, Vec<Chain>) {
-    resolve_with(vmlinux, kprobes, |module| {
-        let loaded = Path::new("/sys/module").join(module).exists();
-        let btf = std::fs::read(Path::new(BTF_DIR).join(module)).ok();
-        (loaded, btf)
-    })
+    let kallsyms = std::cell::OnceCell::new();
+    resolve_with(
+        vmlinux,
+        kprobes,
+        |module| {
+            let loaded = Path::new("/sys/module").join(module).exists();
+            let btf = std::fs::read(Path::new(BTF_DIR).join(module)).ok();
+            (loaded, btf)
+        },
+        |name| {
+            kallsyms_address(
+                kallsyms.get_or_init(|| std::fs::read_to_string(KALLSYMS).unwrap_or_default()),
+                name,
+            )
+        },
+    )
 }
 
-/// [`resolve`], with each module's state (loaded, its BTF) from `module`.
+const KALLSYMS: &str = "/proc/kallsyms";
+
+/// The address of function `name` in /proc/kallsyms; None where it is absent, or shown as 0
+/// (kernel.kptr_restrict hides addresses from a reader without CAP_SYSLOG).
+pub fn kallsyms_address(text: &str, name: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|line| {
+            let mut f = line.split_whitespace();
+            let (addr, kind, sym) = (f.next()?, f.next()?, f.next()?);
+            (sym == name && matches!(kind, "t" | "T")).then(|| u64::from_str_radix(addr, 16).ok()).flatten()
+        })
+        .filter(|&a| a != 0)
+}
+
+/// [`resolve`], with each module's state (loaded, its BTF) from `module`, and function
+/// addresses from `symbol`.
 pub fn resolve_with(
     vmlinux: &Btf,
     kprobes: bool,
     module: impl Fn(&str) -> (bool, Option<Vec<u8>>),
+    symbol: impl Fn(&str) -> Option<u64>,
 ) -> (StackLayout, Vec<Chain>) {
     let mut s = StackLayout::default();
     let mut chains = Vec::new();
@@ -101,7 +128,58 @@ pub fn resolve_with(
     });
     chains.push(chain("dm_crypt", "dm-crypt's clones (reads, and writes from its threads)", crypt));
 
-    s.links = (kprobes || s.dm != 0) as u32;
+    // md: member bios of raid1 and raid10 name their r1bio/r10bio, whose master_bio is the upper
+    // bio or md's accounting clone of it (6.1's md_io_acct, 6.12's md_io_clone).
+    let address = |name: &str| {
+        symbol(name).ok_or_else(|| {
+            ChainState::Off(format!(
+                "{name} has no address in {KALLSYMS} (absent, or hidden by kernel.kptr_restrict)"
+            ))
+        })
+    };
+    let end_io = vmlinux.member_offset("bio", &["bi_end_io"]).ok();
+    let md = load("md_mod").and_then(|md| {
+        let end_io = end_io.ok_or_else(|| ChainState::Off("vmlinux BTF has no bio.bi_end_io".into()))?;
+        for (strukt, end) in [("md_io_clone", "md_end_clone_io"), ("md_io_acct", "md_end_io_acct")] {
+            if let Ok(orig) = md.member_offset(strukt, &["orig_bio"]) {
+                (s.md_clone_end, s.md_clone_orig_bio) = (address(end)?, orig);
+                s.bio_bi_end_io = end_io;
+                return Ok(format!("{strukt}.orig_bio at {orig}"));
+            }
+        }
+        // No accounting clone on this kernel: a personality's master_bio is the bio itself.
+        s.bio_bi_end_io = end_io;
+        Ok("no accounting clone".into())
+    });
+    chains.push(chain("md_mod", "md's accounting clones to the bio md got", md));
+    for (module, strukt, read, write) in [
+        ("raid1", "r1bio", "raid1_end_read_request", "raid1_end_write_request"),
+        ("raid10", "r10bio", "raid10_end_read_request", "raid10_end_write_request"),
+    ] {
+        let personality = load(module).and_then(|btf| {
+            if s.bio_bi_end_io == 0 {
+                return Err(ChainState::Off("it needs md_mod's chain".into()));
+            }
+            let master = btf
+                .member_offset(strukt, &["master_bio"])
+                .map_err(|e| ChainState::Off(format!("{module}'s BTF: {e}")))?;
+            let ends = (address(read)?, address(write)?);
+            if module == "raid1" {
+                (s.raid1_read_end, s.raid1_write_end, s.r1bio_master_bio) = (ends.0, ends.1, master);
+            } else {
+                (s.raid10_read_end, s.raid10_write_end, s.r10bio_master_bio) = (ends.0, ends.1, master);
+            }
+            Ok(format!("{strukt}.master_bio at {master}"))
+        });
+        let links = if module == "raid1" {
+            "md raid1's member bios, from any task (raid1d's retries too)"
+        } else {
+            "md raid10's member bios, from any task (raid10d's retries too)"
+        };
+        chains.push(chain(module, links, personality));
+    }
+
+    s.links = (kprobes || s.dm != 0 || s.raid1_read_end != 0 || s.raid10_read_end != 0) as u32;
     (s, chains)
 }
 
@@ -166,36 +244,98 @@ mod tests {
     #[test]
     fn dm_and_crypt_chains_from_their_modules_btf() {
         let (vmlinux, dm, crypt) = kernel();
-        let (s, chains) = resolve_with(&vmlinux, false, |m| match m {
-            "dm_mod" => (true, Some(dm.clone())),
-            "dm_crypt" => (true, Some(crypt.clone())),
-            _ => (false, None),
-        });
+        let (s, chains) = resolve_with(
+            &vmlinux,
+            false,
+            |m| match m {
+                "dm_mod" => (true, Some(dm.clone())),
+                "dm_crypt" => (true, Some(crypt.clone())),
+                _ => (false, None),
+            },
+            |_| None,
+        );
         assert_eq!((s.links, s.dm, s.crypt), (1, 1, 1));
         assert_eq!((s.tio_clone, s.tio_magic, s.tio_io, s.io_magic, s.io_orig_bio), (40, 0, 8, 0, 96));
         assert_eq!((s.bio_bi_flags, s.bio_cloned_bit, s.crypt_io_base_bio), (20, 1, 8));
-        assert!(chains.iter().all(|c| matches!(c.state, ChainState::Linked(_))), "{chains:?}");
-        assert!(!incomplete(&chains));
+        let dm_chains = chains.iter().filter(|c| c.module.starts_with("dm_"));
+        assert!(
+            dm_chains.clone().count() == 2
+                && dm_chains.clone().all(|c| matches!(c.state, ChainState::Linked(_)))
+        );
+        assert!(
+            chains.iter().filter(|c| !c.module.starts_with("dm_")).all(|c| c.state == ChainState::NotLoaded)
+        );
         assert!(describe(&chains[0]).contains("dm_io.orig_bio at 96"), "{}", describe(&chains[0]));
     }
 
     #[test]
     fn a_module_not_loaded_waits_and_one_without_btf_says_so() {
         let (vmlinux, dm, _) = kernel();
-        let (s, chains) = resolve_with(&vmlinux, false, |_| (false, None));
+        let (s, chains) = resolve_with(&vmlinux, false, |_| (false, None), |_| None);
         assert_eq!((s.links, s.dm), (0, 0), "nothing links: queued bios look nothing up");
         assert!(incomplete(&chains));
         assert!(describe(&chains[0]).starts_with("dm_mod is not loaded"));
-        let (s, _) = resolve_with(&vmlinux, true, |_| (false, None));
+        let (s, _) = resolve_with(&vmlinux, true, |_| (false, None), |_| None);
         assert_eq!((s.links, s.dm), (1, 0), "the submit kprobes link on their own");
 
-        let (s, chains) = resolve_with(&vmlinux, false, |m| match m {
-            "dm_mod" => (true, Some(dm.clone())),
-            _ => (true, None),
-        });
+        let (s, chains) = resolve_with(
+            &vmlinux,
+            false,
+            |m| match m {
+                "dm_mod" => (true, Some(dm.clone())),
+                _ => (true, None),
+            },
+            |_| None,
+        );
         assert_eq!((s.dm, s.crypt), (1, 0));
         let crypt = describe(&chains[1]);
         assert!(crypt.contains("CONFIG_DEBUG_INFO_BTF_MODULES") && crypt.contains("not linked"), "{crypt}");
+    }
+
+    #[test]
+    fn md_chains_from_raid1_raid10_and_md_mod_btf_and_kallsyms() {
+        let mut base = Builder::new();
+        let u64t = base.int("long long unsigned int", 8);
+        base.strukt("bio", 4, 128, &[("bi_end_io", u64t, 56), ("bi_private", u64t, 64)]);
+        let vmlinux = Btf::parse(&base.build()).unwrap();
+        let mut md = Builder::split(&base);
+        md.strukt("md_io_clone", 4, 200, &[("mddev", u64t, 0), ("orig_bio", u64t, 8)]);
+        let mut raid1 = Builder::split(&base);
+        raid1.strukt("r1bio", 4, 64, &[("mddev", u64t, 32), ("master_bio", u64t, 40)]);
+        let mut raid10 = Builder::split(&base);
+        raid10.strukt("r10bio", 4, 64, &[("master_bio", u64t, 48)]);
+        let (md, raid1, raid10) = (md.build(), raid1.build(), raid10.build());
+        let modules = |m: &str| match m {
+            "md_mod" => (true, Some(md.clone())),
+            "raid1" => (true, Some(raid1.clone())),
+            "raid10" => (true, Some(raid10.clone())),
+            _ => (false, None),
+        };
+        let kallsyms = "ffffffffc0001000 t md_end_clone_io\t[md_mod]\n\
+                        ffffffffc0002000 t raid1_end_read_request\t[raid1]\n\
+                        ffffffffc0002100 t raid1_end_write_request\t[raid1]\n\
+                        ffffffffc0003000 t raid10_end_read_request\t[raid10]\n\
+                        ffffffffc0003100 t raid10_end_write_request\t[raid10]\n";
+        let (s, chains) = resolve_with(&vmlinux, false, modules, |n| kallsyms_address(kallsyms, n));
+        assert_eq!((s.links, s.bio_bi_end_io, s.md_clone_orig_bio), (1, 56, 8));
+        assert_eq!(s.md_clone_end, 0xffff_ffff_c000_1000);
+        assert_eq!(
+            (s.raid1_read_end, s.raid1_write_end, s.r1bio_master_bio),
+            (0xffff_ffff_c000_2000, 0xffff_ffff_c000_2100, 40)
+        );
+        assert_eq!(
+            (s.raid10_read_end, s.raid10_write_end, s.r10bio_master_bio),
+            (0xffff_ffff_c000_3000, 0xffff_ffff_c000_3100, 48)
+        );
+        let raid1 = chains.iter().find(|c| c.module == "raid1").unwrap();
+        assert!(describe(raid1).contains("r1bio.master_bio at 40"), "{}", describe(raid1));
+
+        // Addresses hidden (kernel.kptr_restrict shows zeros): the chains are off, and say why.
+        let hidden: String = kallsyms.lines().map(|l| format!("0000000000000000{}\n", &l[16..])).collect();
+        let (s, chains) = resolve_with(&vmlinux, false, modules, |n| kallsyms_address(&hidden, n));
+        assert_eq!((s.links, s.raid1_read_end, s.md_clone_end), (0, 0, 0));
+        let md = describe(chains.iter().find(|c| c.module == "md_mod").unwrap());
+        assert!(md.contains("kptr_restrict"), "{md}");
     }
 
     #[test]
@@ -204,7 +344,8 @@ mod tests {
         let mut dm = Builder::split(&base);
         dm.strukt("dm_target_io", 4, 8, &[("magic", u16t, 0)]);
         let dm = dm.build();
-        let (s, chains) = resolve_with(&vmlinux, false, |m| (true, (m == "dm_mod").then(|| dm.clone())));
+        let (s, chains) =
+            resolve_with(&vmlinux, false, |m| (true, (m == "dm_mod").then(|| dm.clone())), |_| None);
         assert_eq!((s.dm, s.links), (0, 0));
         let why = describe(&chains[0]);
         assert!(why.contains("dm_target_io") && why.contains("clone"), "{why}");

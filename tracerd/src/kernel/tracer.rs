@@ -38,6 +38,8 @@ pub struct LoadOptions {
     pub aggregation: Aggregation,
     /// How the tracepoint hooks attach.
     pub attach: Attach,
+    /// Load no kprobes (config `kprobes = false`, `--no-kprobes`).
+    pub no_kprobes: bool,
 }
 
 /// How the tracepoint hooks attach (`--attach`, config `attach`).
@@ -220,7 +222,7 @@ impl Tracer {
             series,
             chains: Vec::new(),
         };
-        tracer.load_kprobes();
+        tracer.load_kprobes(opts.no_kprobes);
         tracer.resolve_chains(&btf)?;
         Ok(tracer)
     }
@@ -255,8 +257,14 @@ impl Tracer {
     }
 
     /// Loads the submit-path kprobes where the kernel has kprobes, and attaches what it can.
-    fn load_kprobes(&mut self) {
-        let why_not = if !kprobes_available() {
+    fn load_kprobes(&mut self, off: bool) {
+        let why_not = if off {
+            Some(
+                "kprobes are off (config kprobes = false, or --no-kprobes): no md/dm submit-path \
+                 time, and only the links the kernel's structs state"
+                    .to_string(),
+            )
+        } else if !kprobes_available() {
             Some(
                 "kprobes are not available on this kernel (no kprobe PMU): md/dm submit-path time \
                  and per-layer attribution are off"
@@ -323,8 +331,9 @@ impl Tracer {
             })
     }
 
-    /// Makes the kernel trace exactly `devs` (kernel `dev_t`s); keeps counters of kept devices.
-    pub fn set_devices(&mut self, devs: &HashSet<u32>) -> Result<()> {
+    /// Makes the kernel trace exactly `devs` (kernel `dev_t`s), of which `paths` are NVMe
+    /// multipath path disks; keeps counters of kept devices.
+    pub fn set_devices(&mut self, devs: &HashSet<u32>, paths: &HashSet<u32>) -> Result<()> {
         let mut map: BpfHashMap<_, u32, DeviceState> =
             BpfHashMap::try_from(self.ebpf.map_mut(names::DEVICES).context("DEVICES map")?)?;
         let present: HashSet<u32> = map.keys().filter_map(Result::ok).collect();
@@ -334,7 +343,8 @@ impl Tracer {
         }
         for dev in devs.difference(&present) {
             let index = self.indices.take(*dev).context("device map full")?;
-            map.insert(dev, DeviceState { in_flight: 0, index }, 0).context("device map full")?;
+            let path = paths.contains(dev) as u32;
+            map.insert(dev, DeviceState { in_flight: 0, index, path }, 0).context("device map full")?;
         }
         for dev in gone {
             self.series.release(&mut self.ebpf, dev, self.indices.get(dev))?;

@@ -36,6 +36,8 @@ pub struct Resolved {
     /// Traced devices below a traced stacked device (`holders/`) -> that upper device: their
     /// IO should name an upper IO.
     below: HashMap<u32, u32>,
+    /// Traced NVMe multipath path disks: the kernel side links a head's bio moved to one.
+    pub paths: HashSet<u32>,
 }
 
 impl Selection {
@@ -88,6 +90,9 @@ impl Resolved {
     /// Which traced devices lie below a traced stacked device.
     fn find_stacks(&mut self, topo: &Topology) {
         for d in topo.devices().filter(|d| self.kernel_devs.contains(&d.dev)) {
+            if d.is_path() {
+                self.paths.insert(d.dev);
+            }
             let upper =
                 d.uppers.iter().filter_map(|u| topo.by_name(u)).find(|u| self.targets.contains(&u.dev));
             if let Some(u) = upper {
@@ -146,7 +151,7 @@ mod tests {
             ("loop0p1", "259:0", Some("loop0"), false),
             ("loop1", "7:1", None, true),
         ]);
-        (Topology::scan_root(&dir.0).unwrap(), dir)
+        (Topology::scan_root(&dir.0, &dir.0.join("diskstats")).unwrap(), dir)
     }
 
     fn rec(disk: u32, dev: u32) -> IoRecord {
@@ -194,7 +199,7 @@ mod tests {
             &[("ram0", "1:0", None, false), ("ram1", "1:1", None, false), ("ram2", "1:2", None, false)],
             &[("md0", "9:0", &["ram0", "ram1"], None, Some("raid1"))],
         );
-        let t = Topology::scan_root(&dir.0).unwrap();
+        let t = Topology::scan_root(&dir.0, &dir.0.join("diskstats")).unwrap();
         let r = Selection { names: vec!["md0".into()], ..Default::default() }.resolve(&t).unwrap();
         let want: HashSet<u32> = [kernel_dev(9, 0), kernel_dev(1, 0), kernel_dev(1, 1)].into();
         assert_eq!(r.kernel_devs, want);

@@ -36,6 +36,9 @@ pub struct Device {
     pub dm_name: Option<String>,
     /// md RAID level (`md/level`), e.g. `raid1`.
     pub md_level: Option<String>,
+    /// A hidden disk (sysfs `hidden`): an NVMe multipath path, which has no device node and
+    /// no `dev` file; its number comes from /proc/diskstats.
+    pub hidden: bool,
 }
 
 impl Device {
@@ -44,9 +47,37 @@ impl Device {
         match (&self.dm_name, &self.md_level) {
             (Some(n), _) => format!("{} ({n})", self.name),
             (None, Some(level)) => format!("{} ({level})", self.name),
+            _ if self.is_path() => format!("{} (path)", self.name),
             _ => self.name.clone(),
         }
     }
+
+    /// A path disk of NVMe multipath, below its head.
+    pub fn is_path(&self) -> bool {
+        self.hidden && !self.uppers.is_empty()
+    }
+}
+
+/// The head of an NVMe multipath path disk, by the kernel's names: path `nvme<S>c<C>n<N>`
+/// (subsystem, controller, namespace head instance) serves head `nvme<S>n<N>`.
+pub fn nvme_head_of(path: &str) -> Option<String> {
+    let rest = path.strip_prefix("nvme")?;
+    let (subsys, rest) = rest.split_once('c')?;
+    let (ctrl, head) = rest.split_once('n')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (digits(subsys) && digits(ctrl) && digits(head)).then(|| format!("nvme{subsys}n{head}"))
+}
+
+/// Device numbers by name from /proc/diskstats, which lists hidden disks too.
+fn diskstats_devs(path: &Path) -> HashMap<String, u32> {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let mut f = line.split_whitespace();
+            let (major, minor, name) = (f.next()?.parse().ok()?, f.next()?.parse().ok()?, f.next()?);
+            Some((name.to_owned(), kernel_dev(major, minor)))
+        })
+        .collect()
 }
 
 #[derive(Clone, Debug, Default)]
@@ -56,22 +87,48 @@ pub struct Topology {
 
 impl Topology {
     pub fn scan() -> Result<Topology> {
-        Topology::scan_root(Path::new("/sys"))
+        Topology::scan_root(Path::new("/sys"), Path::new("/proc/diskstats"))
     }
 
-    /// Scans `<root>/class/block` (a real or a test sysfs tree).
-    pub fn scan_root(root: &Path) -> Result<Topology> {
-        let class = root.join("class/block");
+    /// Scans `<sys>/class/block` (a real or a test sysfs tree); `diskstats` numbers the hidden
+    /// disks, which sysfs does not.
+    pub fn scan_root(sys: &Path, diskstats: &Path) -> Result<Topology> {
+        let class = sys.join("class/block");
         let entries = fs::read_dir(&class)
             .with_context(|| format!("cannot list block devices in {}", class.display()))?;
+        let mut hidden_devs = None;
         let mut devices = HashMap::new();
         for entry in entries.flatten() {
             // Devices can vanish while we look; skip those.
-            if let Ok(device) = read_device(&entry.path()) {
+            if let Ok(device) =
+                read_device(&entry.path(), || hidden_devs.get_or_insert_with(|| diskstats_devs(diskstats)))
+            {
                 devices.insert(device.dev, device);
             }
         }
-        Ok(Topology { devices })
+        let mut topo = Topology { devices };
+        topo.link_paths();
+        Ok(topo)
+    }
+
+    /// NVMe multipath heads over their path disks: sysfs names no relation (no `slaves/`).
+    fn link_paths(&mut self) {
+        let pairs: Vec<(u32, String, String)> = self
+            .devices
+            .values()
+            .filter(|d| d.hidden)
+            .filter_map(|d| Some((d.dev, d.name.clone(), nvme_head_of(&d.name)?)))
+            .collect();
+        for (dev, path, head) in pairs {
+            let Some(h) = self.devices.values_mut().find(|d| d.name == head) else { continue };
+            if !h.lowers.contains(&path) {
+                h.lowers.push(path);
+                h.lowers.sort();
+            }
+            if let Some(p) = self.devices.get_mut(&dev) {
+                p.uppers = vec![head];
+            }
+        }
     }
 
     /// A topology of known devices (the recorder's: devices as they were when seen).
@@ -169,12 +226,21 @@ impl Topology {
     }
 }
 
-fn read_device(link: &Path) -> Result<Device> {
+fn read_device<'a>(link: &Path, hidden_devs: impl FnOnce() -> &'a HashMap<String, u32>) -> Result<Device> {
     let path: PathBuf = fs::canonicalize(link)?;
     let name = path.file_name().context("no name")?.to_string_lossy().into_owned();
-    let dev = fs::read_to_string(path.join("dev"))?;
-    let Some((major, minor)) = dev.trim().split_once(':') else {
-        bail!("bad dev file for {name}: {dev:?}");
+    let hidden = fs::read_to_string(path.join("hidden")).is_ok_and(|s| s.trim() == "1");
+    let dev = match fs::read_to_string(path.join("dev")) {
+        Ok(dev) => {
+            let Some((major, minor)) = dev.trim().split_once(':') else {
+                bail!("bad dev file for {name}: {dev:?}");
+            };
+            kernel_dev(major.parse()?, minor.parse()?)
+        }
+        Err(_) if hidden => {
+            *hidden_devs().get(&name).with_context(|| format!("{name} is not in diskstats"))?
+        }
+        Err(e) => return Err(e).with_context(|| format!("{name} has no dev file")),
     };
     let partition = path.join("partition").exists();
     let disk_path = if partition { path.parent().context("partition without disk")? } else { &path };
@@ -189,7 +255,8 @@ fn read_device(link: &Path) -> Result<Device> {
     };
     let (lowers, uppers) = (names_in("slaves"), names_in("holders"));
     Ok(Device {
-        dev: kernel_dev(major.parse()?, minor.parse()?),
+        dev,
+        hidden,
         disk,
         partition,
         request_based: disk_path.join("mq").is_dir(),
@@ -289,7 +356,7 @@ pub(crate) mod tests {
             ("loop0p1", "259:0", Some("loop0"), false),
             ("md0", "9:0", None, false),
         ]);
-        let t = Topology::scan_root(&dir.0).unwrap();
+        let t = Topology::scan_root(&dir.0, &dir.0.join("diskstats")).unwrap();
         let p = t.by_name("/dev/loop0p1").unwrap();
         assert_eq!(p.disk, "loop0");
         assert!(p.partition && p.request_based);
@@ -311,7 +378,7 @@ pub(crate) mod tests {
                 ("dm-1", "253:1", &["md0"], Some("top"), None),
             ],
         );
-        let t = Topology::scan_root(&dir.0).unwrap();
+        let t = Topology::scan_root(&dir.0, &dir.0.join("diskstats")).unwrap();
         assert_eq!(t.by_name("md0").unwrap().lowers, vec!["ram0", "ram1"]);
         assert_eq!(t.by_name("ram0").unwrap().uppers, vec!["md0"]);
         assert_eq!(t.by_name("md0").unwrap().label(), "md0 (raid1)");
@@ -329,6 +396,44 @@ pub(crate) mod tests {
         assert!(t.find("/nonexistent/node").is_none(), "a path that is not a block device node");
         let names = t.accepted_names();
         assert!(names.contains("ram2, lin0 (dm-0), top (dm-1)"), "{names}");
+    }
+
+    #[test]
+    fn nvme_paths_are_numbered_from_diskstats_and_sit_below_their_head() {
+        let dir = fake_sysfs(&[("nvme0n1", "259:0", None, true), ("nvme1n1", "259:2", None, false)]);
+        // Path disks are hidden: no `dev` file, no device node, no `slaves/` link to the head.
+        for path in ["nvme1c1n1", "nvme1c2n1"] {
+            let p = dir.0.join("devices").join(path);
+            fs::create_dir_all(p.join("mq")).unwrap();
+            fs::write(p.join("hidden"), "1\n").unwrap();
+            symlink(&p, dir.0.join("class/block").join(path)).unwrap();
+        }
+        fs::write(
+            dir.0.join("diskstats"),
+            " 259       0 nvme0n1 3 0 24 8 0 0 0 0 0 8 8 0 0 0 0 0 0\n 259       1 nvme1c1n1 3 0 24 4 0 0 0 0 0 \
+             12 4 0 0 0 0 0 0\n 259       2 nvme1n1 0 0 0 0 0 0 0 0 0 0 0\n 259       3 nvme1c2n1 0 0 0 0\n",
+        )
+        .unwrap();
+        let t = Topology::scan_root(&dir.0, &dir.0.join("diskstats")).unwrap();
+        let p1 = t.by_name("nvme1c1n1").expect("a hidden path disk is a device");
+        assert_eq!((p1.dev, p1.hidden, p1.is_path()), (kernel_dev(259, 1), true, true));
+        assert_eq!(p1.uppers, vec!["nvme1n1"]);
+        assert_eq!(p1.label(), "nvme1c1n1 (path)");
+        assert_eq!(t.by_name("nvme1c2n1").unwrap().dev, kernel_dev(259, 3));
+        assert_eq!(t.by_name("nvme1n1").unwrap().lowers, vec!["nvme1c1n1", "nvme1c2n1"]);
+        let mut stack: Vec<&str> = t.with_lowers("nvme1n1").iter().map(|d| d.name.as_str()).collect();
+        stack.sort();
+        assert_eq!(stack, vec!["nvme1c1n1", "nvme1c2n1", "nvme1n1"]);
+        assert!(!t.by_name("nvme0n1").unwrap().is_path() && t.by_name("nvme0n1").unwrap().lowers.is_empty());
+    }
+
+    #[test]
+    fn nvme_head_names() {
+        assert_eq!(nvme_head_of("nvme1c2n1").as_deref(), Some("nvme1n1"));
+        assert_eq!(nvme_head_of("nvme12c3n45").as_deref(), Some("nvme12n45"));
+        for not_a_path in ["nvme0n1", "nvme0n1p1", "nvmec1n1", "nvme1c1n", "sda", "nvme1c1n1p2"] {
+            assert_eq!(nvme_head_of(not_a_path), None, "{not_a_path}");
+        }
     }
 
     #[test]
