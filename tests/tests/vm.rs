@@ -377,6 +377,125 @@ fn md_raid1_and_raid10_link_from_their_own_structs_without_kprobes() {
 }
 
 #[test]
+fn md_raid5_links_member_data_to_its_upper_bios_and_names_md_s_own_io() {
+    if !ran("raid5") {
+        return;
+    }
+    // Without kprobes: raid5d sends the stripes, so only md's structs can link them.
+    let lines = json_lines("raid5_snoop");
+    let members = ["ram9", "ram10", "ram11"];
+    let uppers: Vec<&Value> = lines.iter().filter(|l| l["device"] == "md2").collect();
+    let by = count_by(&uppers, |l| format!("{} {}", l["op"].as_str().unwrap(), l["bytes"]));
+    let want =
+        BTreeMap::from([("read 4096".into(), 100), ("write 4096".into(), 120), ("write 512".into(), 64)]);
+    assert_eq!(by, want, "md2's IOs");
+    // Each upper IO's data is on one member page: one lower IO on one member, whichever task
+    // sent it, also where one member write carries four 512-byte writes of a page.
+    for u in &uppers {
+        let layers = u["layers"].as_array().unwrap_or_else(|| panic!("md2: an IO not linked: {u}"));
+        assert_eq!(layers.len(), 1, "md2: one member holds the data: {u}");
+        assert!(members.iter().any(|m| layers[0]["lower"] == *m) && layers[0]["ios"] == 1, "{u}");
+        assert_layers_add_up(u);
+    }
+    // Every member IO is either linked or named as md's own; none is left unexplained.
+    let below: Vec<&Value> = lines.iter().filter(|l| members.iter().any(|m| l["device"] == *m)).collect();
+    let kinds = count_by(&below, |l| match (&l["parent"], &l["unlinked"]) {
+        (Value::String(_), Value::Null) => format!("linked {}", l["op"].as_str().unwrap()),
+        (Value::Null, Value::String(kind)) => format!("{kind} {}", l["op"].as_str().unwrap()),
+        _ => panic!("a member IO is neither linked nor unlinked: {l}"),
+    });
+    let n = |k: &str| kinds.get(k).copied().unwrap_or(0);
+    assert_eq!(n("linked read"), 100, "aligned reads, one member read each: {kinds:?}");
+    // The page writes: one member write each (and a parity write each, at qd 1). The small
+    // writes: four to a page, 16 pages, so between 16 and 64 member writes.
+    assert!((120 + 16..=120 + 64).contains(&n("linked write")), "{kinds:?}");
+    assert!(n("parity write") >= 120 + 16, "{kinds:?}");
+    let known = ["linked read", "linked write", "parity write", "preread read", "superblock write"];
+    assert!(kinds.keys().all(|k| known.contains(&k.as_str())), "member IO md did not explain: {kinds:?}");
+    // The first write after the array was marked clean waits for md to mark it dirty again,
+    // in every member's superblock.
+    for m in members {
+        let sb = below.iter().filter(|l| l["device"] == m && l["unlinked"] == "superblock").count();
+        assert!(sb >= 1, "{m}: {sb} superblock writes");
+    }
+
+    let r = report("raid5_report_json");
+    let w = op(device(&r, "md2"), "write");
+    assert_eq!(w["requests"], 184);
+    let linked: u64 = w["layers"].as_array().unwrap().iter().map(|l| l["ios"].as_u64().unwrap()).sum();
+    assert_eq!(linked, 184, "every md2 write linked to one member: {w}");
+    let parity: u64 = members
+        .iter()
+        .map(|m| op(device(&r, m), "write")["unlinked_kinds"]["parity"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(parity, n("parity write"), "report and snoop count the same parity writes");
+    // md counts its own IO in /proc/diskstats (brd counts none).
+    assert_counts_match_diskstats(&r, "raid5_diskstats", &["md2"]);
+}
+
+/// Each of `devices` has as many reads and writes in `report` as /proc/diskstats counted
+/// between the two snapshots of `diskstats`.
+fn assert_counts_match_diskstats(report: &Value, diskstats: &str, devices: &[&str]) {
+    let delta = diskstats_delta(diskstats);
+    for &d in devices {
+        let dev = device(report, d);
+        let traced = |o: &str| {
+            dev["ops"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|x| x["op"] == o)
+                .map_or(0, |x| x["requests"].as_u64().unwrap())
+        };
+        assert_eq!(
+            (traced("read"), traced("write")),
+            delta[d],
+            "{d}: (reads, writes) traced vs /proc/diskstats"
+        );
+    }
+}
+
+#[test]
+fn three_levels_split_at_each_level_and_add_up_io_by_io() {
+    if !ran("raid5") {
+        return;
+    }
+    // dm-crypt (top0) over dm-linear (vol0) over md raid5 (md2) over ram9..11, no kprobes.
+    let names: BTreeMap<String, String> = section("stack3_names")
+        .lines()
+        .filter_map(|l| l.split_once(' ').map(|(a, b)| (a.to_owned(), b.to_owned())))
+        .collect();
+    let (top, vol) = (names["top0"].as_str(), names["vol0"].as_str());
+    let r = report("stack3_report_json");
+    assert_eq!(device(&r, top)["lowers"], serde_json::json!([vol]));
+    assert_eq!(device(&r, vol)["lowers"], serde_json::json!(["md2"]));
+    assert_eq!(device(&r, "md2")["lowers"], serde_json::json!(["ram10", "ram11", "ram9"]));
+    let lines = json_lines("stack3_snoop");
+    let members = ["ram9", "ram10", "ram11"];
+    for (upper, below) in [(top, vec![vol]), (vol, vec!["md2"]), ("md2", members.to_vec())] {
+        let mut n = BTreeMap::<String, u64>::new();
+        for (i, u) in lines.iter().enumerate().filter(|(_, l)| l["device"] == upper) {
+            *n.entry(u["op"].as_str().unwrap().to_owned()).or_default() += 1;
+            let layers = u["layers"].as_array().unwrap_or_else(|| panic!("{upper}: an IO not linked: {u}"));
+            assert_eq!(layers.len(), 1, "{upper}: one device below holds its data: {u}");
+            assert_eq!(layers[0]["ios"], 1, "{u}");
+            assert_layers_add_up(u);
+            // The level below, IO by IO: this IO's `lower` phase is its lower IO's Q2C. Its
+            // record came before, and is the last one there naming this IO (bios are reused).
+            let lower = lines[..i]
+                .iter()
+                .rev()
+                .find(|l| l["parent"] == u["id"] && below.iter().any(|b| l["device"] == *b))
+                .unwrap_or_else(|| panic!("{upper}: no lower IO names {u}"));
+            assert_eq!(layers[0]["lower"], lower["device"], "{u}");
+            assert_eq!(layers[0]["lower_ns"], lower["stages_ns"]["q2c"], "{upper} over {lower}");
+        }
+        assert_eq!(n, BTreeMap::from([("read".into(), 100), ("write".into(), 100)]), "{upper}");
+    }
+    assert_counts_match_diskstats(&r, "stack3_diskstats", &[top, vol, "md2"]);
+}
+
+#[test]
 fn null_blk_queue_depths_match_the_workload() {
     if !ran("nullb") {
         return;
@@ -549,7 +668,7 @@ fn doctor_chooses_what_this_kernel_must_get() {
     );
     assert!(load["detail"].as_str().unwrap().contains(&want), "{release}: {load}");
     // The stacked drivers' structs, from their modules' BTF (loaded by the prologue).
-    for module in ["dm_mod", "dm_crypt", "md_mod", "raid1", "raid10"] {
+    for module in ["dm_mod", "dm_crypt", "md_mod", "raid1", "raid10", "raid456"] {
         let c = checks.iter().find(|c| c["name"] == format!("module_btf:{module}")).expect(module);
         assert_eq!(c["status"], "ok", "{release}: {c}");
         assert!(c["detail"].as_str().unwrap().starts_with("links "), "{release}: {c}");
@@ -716,6 +835,65 @@ fn multipath_head_bios_are_linked_one_to_one_to_the_path_requests_that_served_th
         }
         eprintln!("{what}: 100 head bios, each linked to its path request: {served:?}");
     }
+}
+
+#[test]
+fn nvme_controller_resets_under_io_count_each_head_bio_once_and_link_every_path_request() {
+    if !ran("failover") {
+        return;
+    }
+    let setup = section("fo_setup");
+    let field = |k: &str| {
+        setup
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{k}=")))
+            .unwrap_or_else(|| panic!("{setup}"))
+    };
+    let head = field("head");
+    let paths: Vec<&str> = setup
+        .lines()
+        .next()
+        .unwrap()
+        .split("paths=")
+        .nth(1)
+        .unwrap()
+        .split(" reset=")
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    let lines = json_lines("fo_snoop");
+    // Each head record follows every path request its bio took: those with its id as parent
+    // since its last record (bios are reused once complete).
+    let mut waiting: BTreeMap<&str, Vec<&Value>> = BTreeMap::new();
+    let (mut heads, mut served, mut failed_over) = (0, 0, 0);
+    for l in &lines {
+        if paths.iter().any(|p| l["device"] == *p) {
+            assert_eq!(l["kind"], "request", "{l}");
+            let parent = l["parent"].as_str().unwrap_or_else(|| panic!("a path request not linked: {l}"));
+            waiting.entry(parent).or_default().push(l);
+            if l["failed_over"] == true { failed_over += 1 } else { served += 1 }
+        } else if l["device"] == head {
+            heads += 1;
+            let took = waiting.remove(l["id"].as_str().unwrap()).unwrap_or_default();
+            let serving: Vec<&&Value> = took.iter().filter(|p| p["failed_over"] != true).collect();
+            assert_eq!(serving.len(), 1, "one path request served head bio {l}: {took:?}");
+            assert_eq!((&l["op"], &l["sector"]), (&serving[0]["op"], &serving[0]["sector"]), "{l}");
+            let ios: u64 = l["layers"].as_array().unwrap().iter().map(|x| x["ios"].as_u64().unwrap()).sum();
+            assert_eq!(ios, took.len() as u64, "every path request it took is a lower IO of it: {l}");
+            assert_layers_add_up(l);
+        }
+    }
+    assert!(waiting.values().all(Vec::is_empty), "path requests with no head bio: {waiting:?}");
+    assert_eq!((heads, served), (3000, 3000), "each head bio counted once, served once");
+    // qemu's controller completes the requests in flight before a reset ends, so none fails
+    // over here; where one does, it is a lower IO of its bio (checked above) beside the one
+    // that served it.
+    // The paths count what the kernel counted, failed-over requests included.
+    let r = report("fo_report");
+    assert_counts_match_diskstats(&r, "fo", &paths);
+    assert_eq!(op(device(&r, head), "read")["requests"], 3000);
+    eprintln!("{}: 3000 head bios, {failed_over} path requests failed over", release());
 }
 
 #[test]

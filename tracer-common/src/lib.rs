@@ -30,6 +30,41 @@ pub mod kind {
     /// A bio completed at bio level (Q and C): IO of a bio-based device (md, dm, brd), or a
     /// bio that never became a request.
     pub const BIO: u8 = 3;
+    /// Not an IO: the upper bio `id` also has its data in the lower IO whose first upper IO is
+    /// `parent`, queued on `dev` at `sector`. Sent at the remap, before the lower IO's own
+    /// record: md raid4/5/6 sends one member write for several upper writes of one page.
+    pub const LINK: u8 = 4;
+}
+
+/// What a lower IO that serves no one upper IO is, where the kernel tells it (the layer's own
+/// IO). The kernel puts the kind where a parent would be (a `LINKS` value, a record's
+/// `parent`), below [`own::LIMIT`]: no kernel pointer is that small. The daemon moves it to
+/// [`IoRecord::own`] and clears the parent.
+pub mod own {
+    /// The kernel did not say.
+    pub const UNSTATED: u8 = 0;
+    /// md raid4/5/6: a parity (P or Q) write, for every upper write of its stripe.
+    pub const PARITY: u8 = 1;
+    /// md raid4/5/6: a read of old data or parity before a write (read-modify-write,
+    /// reconstruct-write), or of the other members to rebuild a missing one.
+    pub const PREREAD: u8 = 2;
+    /// md: resync, recovery, check, repair or reshape.
+    pub const RESYNC: u8 = 3;
+    /// md: a superblock or write-intent bitmap write.
+    pub const SUPERBLOCK: u8 = 4;
+    pub const COUNT: usize = 5;
+    /// Parent values below this are kinds.
+    pub const LIMIT: u64 = 256;
+
+    pub fn name(kind: u8) -> &'static str {
+        match kind {
+            PARITY => "parity",
+            PREREAD => "preread",
+            RESYNC => "resync",
+            SUPERBLOCK => "superblock",
+            _ => "unstated",
+        }
+    }
 }
 
 /// Bits of [`IoRecord::flags`].
@@ -53,6 +88,10 @@ pub mod flag {
     /// The bio itself was moved to this disk after its Q, as NVMe multipath moves a head's bio
     /// to a path: the record's Q is that remap and its parent the bio on the upper device.
     pub const PATH: u8 = 1 << 6;
+    /// A path request ([`PATH`]) that ended with its bios taken back to the head (NVMe's
+    /// failover, on a path error or a controller reset), to be sent down another path: the
+    /// head's record follows the request that serves them.
+    pub const FAILOVER: u8 = 1 << 7;
 }
 
 /// Why an event was lost. Index into the kernel's per-CPU `LOST` counters; the daemon adds
@@ -101,7 +140,9 @@ pub struct IoRecord {
     pub error: u32,
     pub kind: u8,
     pub flags: u8,
-    pub _pad: [u8; 2],
+    /// Set by the daemon, never the kernel: the [`own`] kind of an unlinked IO.
+    pub own: u8,
+    pub _pad: u8,
     /// `comm` of the thread that queued the first bio; zeroes when unknown.
     pub comm: [u8; 16],
     /// The bio's address, for BIO records: lower IOs name it as their `parent`.
@@ -233,7 +274,40 @@ pub struct StackLayout {
     pub r1bio_master_bio: u32,
     pub r10bio_master_bio: u32,
     pub md_clone_orig_bio: u32,
+    /// md raid4/5/6 (raid456 BTF and /proc/kallsyms): a stripe's member bio is `dev[i].req`
+    /// (or `.rreq`, the replacement disk's) of the `stripe_head` in its `bi_private`, its data
+    /// the upper bios on `dev[i].written` (writes) or `.toread` (reads); an aligned read's
+    /// `bi_private` is the upper bio (6.12's accounting clone), or with `r5_align_acct` 6.1's
+    /// `md_io_acct`. `md_super_end` ends md's superblock and bitmap writes; the sync ends,
+    /// raid1's and raid10's resync IO. Addresses are 0 where unresolved.
+    pub raid5_read_end: u64,
+    pub raid5_write_end: u64,
+    pub raid5_align_end: u64,
+    pub md_super_end: u64,
+    pub raid1_sync_read_end: u64,
+    pub raid1_sync_write_end: u64,
+    pub raid10_sync_read_end: u64,
+    pub raid10_sync_write_end: u64,
+    pub sh_dev: u32,
+    pub sh_state: u32,
+    pub sh_disks: u32,
+    pub r5dev_size: u32,
+    pub r5dev_req: u32,
+    pub r5dev_rreq: u32,
+    pub r5dev_toread: u32,
+    pub r5dev_written: u32,
+    pub r5dev_sector: u32,
+    /// `stripe_head.state` bits of resync, reshape and replacement (`STRIPE_SYNCING`, ...).
+    pub r5_own_state: u32,
+    pub r5_align_acct: u32,
+    /// Non-zero while an NVMe multipath path disk is traced: only then is a remap of a bio
+    /// already queued looked for (two slot lookups on every remap).
+    pub paths: u32,
 }
+
+/// Sectors of one raid5 stripe page (`RAID5_STRIPE_SECTORS`): md's default stripe size of
+/// 4 KiB, the only one on 4 KiB-page machines.
+pub const RAID5_STRIPE_SECTORS: u64 = 8;
 
 /// dm's own checks of its per-IO structs (`DM_TIO_MAGIC`, `DM_IO_MAGIC` in drivers/md/dm-core.h;
 /// #defines, so not in BTF). A pointer whose magics do not match is not followed.

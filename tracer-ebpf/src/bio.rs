@@ -10,7 +10,7 @@ use crate::{
     kernel::{Mem, bio_cgroup, bio_dev, read_current_comm},
     maps::{BIOS, EVENTS, LINKS, commit_flags, count_lost, is_traced, layout, settings, stacking, streaming},
     slots::{copy_comm, copy_words, slot_claim, slot_free, slot_get, zero_words},
-    stacking::{on_head_complete, queued_clone_upper},
+    stacking::{on_head_complete, queued_clone_upper, queued_own_kind},
 };
 
 pub(crate) fn on_bio_queue<M: Mem>(bio: u64) {
@@ -63,6 +63,8 @@ pub(crate) fn on_bio_queue<M: Mem>(bio: u64) {
             let _ = LINKS.remove(&key);
         } else if let Some(parent) = queued_clone_upper(s, key) {
             state.parent = parent;
+        } else {
+            state.parent = queued_own_kind(s, key);
         }
     }
 }

@@ -132,6 +132,12 @@ pub(crate) fn stacking() -> Option<&'static StackLayout> {
     STACK.get(0).filter(|s| s.links != 0)
 }
 
+/// Whether an NVMe multipath path disk is traced (see `StackLayout::paths`).
+#[inline(always)]
+pub(crate) fn paths_traced() -> bool {
+    STACK.get(0).is_some_and(|s| s.paths != 0)
+}
+
 /// Commit flags: no wakeup, but for every `wakeup_records`-th record of a CPU. Asking the ring
 /// buffer how much data waits (BPF_RB_AVAIL_DATA) reads the reader's position, a cache line
 /// the reader's CPU writes: about 80 ns per record. A per-CPU count costs nothing shared.

@@ -229,6 +229,9 @@ pub(crate) fn on_rq_complete<M: Mem>(rq: u64, error: u32, nr_bytes: u32) {
     } else {
         (0, false)
     };
+    if path_of != 0 && !bios_left {
+        s.record.flags |= flag::FAILOVER;
+    }
     let mode = settings().aggregate;
     if mode != agg::mode::RECORDS && aggregate(&s.record, disk) {
         if mode == agg::mode::KERNEL && !streaming() && !slow(&s.record, disk) {

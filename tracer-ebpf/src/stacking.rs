@@ -4,13 +4,18 @@
 //! call (the submit-path kprobes, which also time the layer's own work).
 
 use aya_ebpf::helpers::bpf_ktime_get_ns;
-use tracer_common::{BioState, IoRecord, KernelLayout, StackLayout, SubmitState, dm, flag, head_key, limits, lost};
+use tracer_common::{
+    BioState, IoRecord, KernelLayout, RAID5_STRIPE_SECTORS, StackLayout, SubmitState, dm, flag, head_key, kind, limits,
+    lost, own,
+};
 
 use crate::{
     kernel::{Mem, Probe, bio_dev, rq_disk, scalar, thread_id},
-    maps::{BIOS, EVENTS, LINKS, REQUESTS, SUBMITTING, commit_flags, count_lost, is_path, layout, stacking},
+    maps::{
+        BIOS, EVENTS, LINKS, REQUESTS, SUBMITTING, commit_flags, count_lost, is_path, layout, paths_traced, stacking,
+    },
     bio::fill_bio_record,
-    slots::{copy_words, slot_claim, slot_claim_free, slot_free, slot_get},
+    slots::{copy_words, slot_claim, slot_claim_free, slot_free, slot_get, zero_words},
 };
 
 /// The bio a dm clone was made from: clone -> its `dm_target_io` -> `dm_io` -> `orig_bio`, each
@@ -49,10 +54,21 @@ fn dm_upper(l: &KernelLayout, s: &StackLayout, bio: u64) -> Option<u64> {
     dm_original(s, Probe::read(crypt_io, s.crypt_io_base_bio))
 }
 
-/// The upper bio of an md raid1/raid10 member bio, as md states it, whichever task sends it
-/// (raid1d's retries, writes flushed from the plug): its `bi_end_io` names the personality,
-/// its `bi_private` the r1bio/r10bio, whose `master_bio` is the upper bio or md's accounting
-/// clone of it, which names the bio md got.
+/// The bio md got, for `bio` as md holds it: md's accounting clone (`bi_end_io` is
+/// `md_clone_end`) names, in `bi_private`, its struct, whose `orig_bio` is the bio md got.
+#[inline(always)]
+fn md_unclone(l: &KernelLayout, s: &StackLayout, bio: u64) -> u64 {
+    if bio != 0 && s.md_clone_end != 0 && Probe::read::<u64>(bio, s.bio_bi_end_io) == s.md_clone_end {
+        let clone_of: u64 = Probe::read(bio, l.bio_bi_private);
+        return Probe::read(clone_of, s.md_clone_orig_bio);
+    }
+    bio
+}
+
+/// What md states of a member bio, whichever task sends it (raid1d's retries, writes flushed
+/// from the plug, raid5d's stripes): its upper bio, or for md's own IO its [`own`] kind (a
+/// value below `own::LIMIT`). Its `bi_end_io` names the personality: raid1/raid10 member
+/// bios name their r1bio/r10bio in `bi_private`, whose `master_bio` is the upper bio.
 #[inline(always)]
 fn md_upper(l: &KernelLayout, s: &StackLayout, bio: u64) -> Option<u64> {
     if s.bio_bi_end_io == 0 {
@@ -65,16 +81,119 @@ fn md_upper(l: &KernelLayout, s: &StackLayout, bio: u64) -> Option<u64> {
         s.r1bio_master_bio
     } else if end == s.raid10_read_end || end == s.raid10_write_end {
         s.r10bio_master_bio
+    } else if s.raid5_read_end != 0 {
+        return raid5_upper(l, s, bio, end);
     } else {
         return None;
     };
     let r: u64 = Probe::read(bio, l.bio_bi_private);
-    let mut upper: u64 = Probe::read(r, master);
-    if upper != 0 && s.md_clone_end != 0 && Probe::read::<u64>(upper, s.bio_bi_end_io) == s.md_clone_end {
-        let clone_of: u64 = Probe::read(upper, l.bio_bi_private);
-        upper = Probe::read(clone_of, s.md_clone_orig_bio);
-    }
+    let upper = md_unclone(l, s, Probe::read(r, master));
     (upper != 0).then_some(upper)
+}
+
+/// Upper bios past the first that one raid5 stripe page may hold, each sent as a
+/// [`kind::LINK`] record.
+const RAID5_MORE_UPPERS: usize = 7;
+
+/// md raid4/5/6: an aligned read (sent straight from the submitter) names its upper bio in
+/// `bi_private`. A stripe's member bio is `dev[i].req` (or `.rreq`) of the stripe in its
+/// `bi_private`: a data write or read carries the data of the upper bios on that device's
+/// `written` or `toread` list (stable from the remap to the Q: md keeps the device locked), the
+/// first of which is returned and the others sent as links; with the list empty it is md's own
+/// IO: a parity write, a pre-read, or resync.
+#[inline(always)]
+fn raid5_upper(l: &KernelLayout, s: &StackLayout, bio: u64, end: u64) -> Option<u64> {
+    let private: u64 = Probe::read(bio, l.bio_bi_private);
+    if end == s.raid5_align_end {
+        let upper = if s.r5_align_acct != 0 { Probe::read(private, s.md_clone_orig_bio) } else { md_unclone(l, s, private) };
+        return (upper != 0).then_some(upper);
+    }
+    let write = end == s.raid5_write_end;
+    if !write && end != s.raid5_read_end || s.r5dev_size == 0 {
+        return None;
+    }
+    let size = s.r5dev_size as u64;
+    let off = bio.wrapping_sub(private + s.sh_dev as u64);
+    let i = off / size;
+    let within = off - i * size;
+    let disks: i32 = Probe::read(private, s.sh_disks);
+    if within != s.r5dev_req as u64 && within != s.r5dev_rreq as u64 || i >= disks as u64 {
+        return None;
+    }
+    let dev = bio - within;
+    let first: u64 = Probe::read(dev, if write { s.r5dev_written } else { s.r5dev_toread });
+    if first == 0 {
+        let state: u64 = Probe::read(private, s.sh_state);
+        let kind = match () {
+            _ if state & s.r5_own_state as u64 != 0 => own::RESYNC,
+            _ if write => own::PARITY,
+            _ => own::PREREAD,
+        };
+        return Some(kind as u64);
+    }
+    let upper = md_unclone(l, s, first);
+    // The list is sorted by sector and shared with the stripe's next pages through bi_next;
+    // md's r5_next_bio stops at the first bio that ends at or past this page's end.
+    let page_end = Probe::read::<u64>(dev, s.r5dev_sector) + RAID5_STRIPE_SECTORS;
+    let mut b = first;
+    let mut at: Option<(u32, u64)> = None;
+    for _ in 0..RAID5_MORE_UPPERS {
+        let sector: u64 = Probe::read(b, l.bio_bi_sector);
+        let bytes: u32 = Probe::read(b, l.bio_bi_size);
+        if sector + (bytes as u64 >> 9) >= page_end {
+            break;
+        }
+        b = Probe::read(b, l.bio_bi_next);
+        if b == 0 {
+            break;
+        }
+        let (lower_dev, lower_sector) =
+            *at.get_or_insert_with(|| (bio_dev::<Probe>(l, bio), Probe::read(bio, l.bio_bi_sector)));
+        send_link(md_unclone(l, s, b), upper, lower_dev, lower_sector);
+    }
+    Some(upper)
+}
+
+/// A [`kind::LINK`] record: `upper` also has data in the lower IO of `first` on `dev` at `sector`.
+fn send_link(upper: u64, first: u64, dev: u32, sector: u64) {
+    let Some(mut entry) = EVENTS.reserve::<IoRecord>(0) else {
+        count_lost(lost::RINGBUF_FULL);
+        return;
+    };
+    // SAFETY: the reserved entry is ours until submit.
+    unsafe {
+        let rec = entry.as_mut_ptr();
+        zero_words(rec);
+        let rec = &mut *rec;
+        rec.kind = kind::LINK;
+        rec.id = upper;
+        rec.parent = first;
+        rec.dev = dev;
+        rec.sector = sector;
+    }
+    entry.submit(commit_flags());
+}
+
+/// At Q, the [`own`] kind of a bio md sends for itself without a remap: superblock and bitmap
+/// writes, raid1's and raid10's resync; 0 for any other.
+#[inline(always)]
+pub(crate) fn queued_own_kind(s: &StackLayout, bio: u64) -> u64 {
+    if s.md_super_end == 0 {
+        return 0;
+    }
+    let end: u64 = Probe::read(bio, s.bio_bi_end_io);
+    if end == s.md_super_end {
+        own::SUPERBLOCK as u64
+    } else if end != 0
+        && (end == s.raid1_sync_read_end
+            || end == s.raid1_sync_write_end
+            || end == s.raid10_sync_read_end
+            || end == s.raid10_sync_write_end)
+    {
+        own::RESYNC as u64
+    } else {
+        0
+    }
 }
 
 /// At Q, for a bio no remap linked: a dm clone that its target sent on without a remap
@@ -95,6 +214,9 @@ pub(crate) fn queued_clone_upper(s: &StackLayout, bio: u64) -> Option<u64> {
 /// before Q; dm and md remap clones, which are queued after their remap).
 #[inline(always)]
 fn on_path_remap(bio: u64) -> bool {
+    if !paths_traced() {
+        return false;
+    }
     let lower = slot_get(&BIOS, limits::BIO_SLOTS, bio);
     let head = slot_get(&BIOS, limits::BIO_SLOTS, head_key(bio));
     if lower.is_none() && head.is_none() {

@@ -83,8 +83,8 @@ enum Cmd {
         /// but cloud). Each runs every scenario.
         #[arg(long, default_value = "all")]
         kernel: String,
-        /// Run only this scenario (smoke, doctor, dm, dmx, md, nullb, mp, host, cg) and keep the
-        /// console log, without the assertions: for developing a scenario.
+        /// Run only this scenario (smoke, doctor, dm, dmx, md, raid5, nullb, mp, drivers, failover,
+        /// host, cg) and keep the console log, without the assertions: for developing a scenario.
         #[arg(long)]
         scenario: Option<String>,
     },

@@ -51,6 +51,7 @@ pub const GUEST_MODULES: &[&str] = &[
     "brd",
     "raid1",
     "raid10",
+    "raid456",
     "dm-mod",
     "dm-multipath",
     "dm-round-robin",
@@ -88,7 +89,8 @@ const REAL_DISKS: &[&str] = &[
     "-device",
     "nvme,serial=tracerd-mpath,subsys=mpath",
     "-blockdev",
-    "driver=null-co,node-name=nvme_shared,size=67108864,read-zeroes=on",
+    // 2 ms per IO: a controller reset finds requests in flight.
+    "driver=null-co,node-name=nvme_shared,size=67108864,read-zeroes=on,latency-ns=2000000",
     "-device",
     "nvme-ns,drive=nvme_shared,nsid=1,shared=on",
     "-device",
@@ -980,13 +982,15 @@ printf "\nVM-BOOTED %s scenarios=%s absent=%s\n" "$(uname -r)" "$scenarios" "$ab
 # A module the kernel has built in (the command line's builtin=) is there already.
 vm_load() {{ vm_have "$1" && ! vm_listed "$1" "$builtin" || return 0; modprobe "$@" || vm_fail "modprobe $1"; }}
 # ram0-1 md0, ram2 lin0, ram3 crypt0, ram4 delay0, ram5-6 the thin pool's metadata and data,
-# ram7-8 md1 (raid10, made by the md scenario).
-vm_load brd rd_nr=9 rd_size=65536
+# ram7-8 md1 (raid10, made by the md scenario), ram9-11 md2 (raid5, the raid5 scenario).
+vm_load brd rd_nr=12 rd_size=65536
 vm_load raid1
 vm_load raid10
 vm_load dm-mod
-# The thin pool's persistent data checksums with crc32c: its implementation before libcrc32c.
+# The thin pool's persistent data and raid456 checksum with crc32c: its implementation before
+# libcrc32c.
 vm_load crc32c_generic
+vm_load raid456
 vm_load dm-crypt
 vm_load dm-delay
 vm_load dm-thin-pool

@@ -99,6 +99,54 @@ mdadm --stop /dev/md1 || echo "VM-WARNING mdadm --stop /dev/md1 failed""#,
     )
 }
 
+/// md raid5 (md2 over ram9, ram10, ram11, --assume-clean, 64 KiB chunks), traced without
+/// kprobes: 120 page writes at qd 1 (each a stripe write after a pre-read), the array marked
+/// clean (the next write waits for md to mark it dirty in every superblock), 100 page reads at
+/// qd 2 (md's aligned reads), then 64 writes of 512 bytes at qd 8 in order, four to a page.
+/// Then three levels: dm-crypt over dm-linear over md2, 100 writes and 100 reads at qd 2.
+fn md_raid5() -> String {
+    scenario(
+        "raid5",
+        &["brd", "raid456", "dm-mod", "dm-crypt"],
+        r#"mdadm --create /dev/md2 --run --force --level=5 --raid-devices=3 --chunk=64 --metadata=1.2 \
+    --assume-clean /dev/ram9 /dev/ram10 /dev/ram11 || vm_fail "mdadm --create /dev/md2"
+echo 0 > /sys/block/md2/md/safe_mode_delay
+/bin/iogen /dev/md2 write 1 4096 1 > /dev/null
+vm_until "md2 never left the clean state" grep -q '^active' /sys/block/md2/md/array_state
+trace_start raid5_snoop snoop --json --no-kprobes --device md2
+trace_start raid5_report_json report --json --no-kprobes --duration 600 --device md2
+grep -E " (md2|ram9|ram10|ram11) " /proc/diskstats > /tmp/raid5_diskstats_before.out
+/bin/iogen /dev/md2 write 120 4096 1
+echo clean > /sys/block/md2/md/array_state
+vm_until "md2 never became clean" grep -q '^clean' /sys/block/md2/md/array_state
+/bin/iogen /dev/md2 read 100 4096 2
+/bin/iogen /dev/md2 write 64 512 8 seq
+grep -E " (md2|ram9|ram10|ram11) " /proc/diskstats > /tmp/raid5_diskstats_after.out
+for t in raid5_snoop raid5_report_json; do trace_stop $t; done
+for t in raid5_snoop raid5_report_json raid5_diskstats_before raid5_diskstats_after; do emit $t; done
+# Three levels, as a laptop's encrypted LVM volume on an array: dm-crypt (top0) over dm-linear
+# (vol0) over md2.
+sectors=$(cat /sys/block/md2/size)
+dmsetup create vol0 --table "0 $sectors linear /dev/md2 0" || vm_fail "dmsetup create vol0"
+dmsetup create top0 --table "0 $sectors crypt aes-cbc-plain64 00112233445566778899aabbccddeeff 0 /dev/mapper/vol0 0" \
+    || vm_fail "dmsetup create top0"
+for b in /sys/block/dm-*; do echo "$(cat $b/dm/name) ${b##*/}"; done > /tmp/stack3_names.out
+trace_start stack3_snoop snoop --json --no-kprobes --device top0
+trace_start stack3_report_json report --json --no-kprobes --duration 600 --device top0
+stack3_disks="md2|$(cd /sys/block && ls -d dm-* | tr '\n' '|' | sed 's/|$//')"
+grep -E " ($stack3_disks) " /proc/diskstats > /tmp/stack3_diskstats_before.out
+/bin/iogen /dev/mapper/top0 write 100 4096 2
+/bin/iogen /dev/mapper/top0 read 100 4096 2
+grep -E " ($stack3_disks) " /proc/diskstats > /tmp/stack3_diskstats_after.out
+for t in stack3_snoop stack3_report_json; do trace_stop $t; done
+for t in stack3_names stack3_snoop stack3_report_json stack3_diskstats_before stack3_diskstats_after; do
+    emit $t
+done
+dmsetup remove top0 && dmsetup remove vol0 || echo "VM-WARNING dmsetup remove top0 vol0 failed"
+mdadm --stop /dev/md2 || echo "VM-WARNING mdadm --stop /dev/md2 failed""#,
+    )
+}
+
 /// null_blk (50 ms timer completions, so a round of requests is in flight together): 96 reads
 /// in rounds (iogen `batch`) at queue depths 1, 2, 4, 8, 16, 32 on nullb0..nullb5, so each
 /// depth 1..QD is seen 96/QD times; then a snoop of 300 reads at qd 16.
@@ -223,6 +271,47 @@ done"#,
     )
 }
 
+/// NVMe multipath under controller resets: 3000 reads at qd 16 on the head (round-robin over
+/// both paths) while one path's controller is reset three times, with requests in flight
+/// (qemu's null device takes 2 ms per IO here). IO moves to the other path while the
+/// controller resets; qemu completes what it holds before the reset ends.
+fn nvme_failover() -> String {
+    scenario(
+        "failover",
+        &["nvme", "virtio_pci"],
+        r#"vm_until "the two NVMe paths never appeared" sh -c '[ "$(ls -d /sys/block/nvme*c*n* 2>/dev/null | wc -l)" = 2 ]'
+paths=$(for p in /sys/block/nvme*c*n*; do basename $p; done | tr '\n' ' ')
+path1=${paths%% *}
+head=$(echo $path1 | sed 's/c[0-9]*n/n/')
+subsys=$(basename $(readlink /sys/block/$head/device))
+ctrl=$(basename $(readlink -f /sys/block/$path1/device))
+vm_until "/dev/$head never appeared" test -b /dev/$head
+echo round-robin > /sys/class/nvme-subsystem/$subsys/iopolicy
+disks=$(echo $head $paths | tr ' ' '|')
+echo "VM-RESULT-BEGIN fo_setup"
+echo "head=$head paths=$paths reset=$ctrl"
+echo "VM-RESULT-END fo_setup"
+trace_start fo_snoop snoop --json --device $head
+trace_start fo_report report --json --duration 600 --device $head
+grep -E " ($disks) " /proc/diskstats > /tmp/fo_before.out
+/bin/iogen /dev/$head read 3000 4096 16 > /tmp/fo_iogen.out &
+io=$!
+for i in 1 2 3; do
+    # Once the controller's path has requests in flight, reset it (the write returns when the
+    # controller is live again).
+    vm_until "no IO on $path1" sh -c "! kill -0 $io 2>/dev/null || ! grep -q '^ *0 *0$' /sys/block/$path1/inflight"
+    kill -0 $io 2>/dev/null || break
+    echo 1 > /sys/class/nvme/$ctrl/reset_controller || echo "VM-WARNING reset of $ctrl failed"
+    echo "reset $i of $ctrl: $(cat /sys/class/nvme/$ctrl/state)"
+done
+wait $io || echo "VM-WARNING iogen on $head failed"
+for d in $paths; do vm_idle $d; done
+grep -E " ($disks) " /proc/diskstats > /tmp/fo_after.out
+for t in fo_snoop fo_report; do trace_stop $t; done
+for t in fo_iogen fo_before fo_after fo_snoop fo_report; do emit $t; done"#,
+    )
+}
+
 /// The host-kernel integration tests (tests/tests/host_kernel.rs), on this second kernel. fio
 /// is not in the guest (its libraries are ~80 MB): that one test says so and skips.
 fn host_tests() -> String {
@@ -270,7 +359,8 @@ for t in doctor_json doctor_text; do emit $t; done"#,
 }
 
 /// Every scenario name, in the order they run (the smoke scenario is written in vm.rs).
-pub const NAMES: &[&str] = &["smoke", "doctor", "dm", "dmx", "md", "nullb", "mp", "drivers", "host", "cg"];
+pub const NAMES: &[&str] =
+    &["smoke", "doctor", "dm", "dmx", "md", "raid5", "nullb", "mp", "drivers", "failover", "host", "cg"];
 
 /// Every scenario but smoke, in order.
 pub fn all() -> String {
@@ -280,9 +370,11 @@ pub fn all() -> String {
         dm_linear(),
         dm_deferred(),
         md_raid1(),
+        md_raid5(),
         null_blk(),
         dm_multipath(),
         real_drivers(),
+        nvme_failover(),
         host_tests(),
         cgroup_tests(),
     ]

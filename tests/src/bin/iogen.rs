@@ -4,12 +4,14 @@
 //! in its own slot with a gap after it, so no two IOs are adjacent and the block layer cannot
 //! merge them: the number of requests the device sees equals the number issued.
 //!
-//! iogen DEVICE read|write COUNT SIZE QD [batch]
+//! iogen DEVICE read|write COUNT SIZE QD [batch|seq]
 //!   -> prints {"op":..,"count":..,"bytes":..} on success
 //!
 //! By default a completed IO is replaced at once (QD stays in flight). With `batch`, IOs go in
 //! rounds: QD submitted, all QD reaped, then the next round, so on a device that completes
-//! slower than a round is submitted, the depth at issue runs 1..QD once per round.
+//! slower than a round is submitted, the depth at issue runs 1..QD once per round. With `seq`,
+//! slots go in order from the device's start, so IOs smaller than a page share pages (md
+//! raid5 then writes several of them with one member write).
 
 use std::{
     alloc::{Layout, alloc_zeroed},
@@ -59,10 +61,11 @@ fn check(ret: libc::c_long, what: &str) -> libc::c_long {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.len() != 6 && !(args.len() == 7 && args[6] == "batch") {
-        die("usage: iogen DEVICE read|write COUNT SIZE QD [batch]");
+    if args.len() != 6 && !(args.len() == 7 && matches!(args[6].as_str(), "batch" | "seq")) {
+        die("usage: iogen DEVICE read|write COUNT SIZE QD [batch|seq]");
     }
-    let batch = args.len() == 7;
+    let batch = args.len() == 7 && args[6] == "batch";
+    let seq = args.len() == 7 && args[6] == "seq";
     let write = match args[2].as_str() {
         "read" => false,
         "write" => true,
@@ -70,8 +73,8 @@ fn main() {
     };
     let parse = |s: &str, what: &str| s.parse::<u64>().unwrap_or_else(|_| die(&format!("bad {what}: {s}")));
     let (count, size, qd) = (parse(&args[3], "count"), parse(&args[4], "size"), parse(&args[5], "qd"));
-    if size == 0 || size % 4096 != 0 || qd == 0 || qd > 1024 {
-        die("SIZE must be a positive multiple of 4096 and QD in 1..=1024");
+    if size == 0 || size % 512 != 0 || qd == 0 || qd > 1024 {
+        die("SIZE must be a positive multiple of 512 and QD in 1..=1024");
     }
     let path = CString::new(args[1].as_str()).unwrap();
     let flags = libc::O_DIRECT | if write { libc::O_WRONLY } else { libc::O_RDONLY };
@@ -85,11 +88,11 @@ fn main() {
         die("device too small for this IO size");
     }
     // Slot order: a fixed permutation (stride coprime with the slot count) for random-looking IO.
-    let mut stride = slots / 3 * 2 + 1;
+    let mut stride = if seq { 1 } else { slots / 3 * 2 + 1 };
     while gcd(stride, slots) != 1 {
         stride += 1;
     }
-    let layout = Layout::from_size_align(size as usize, 4096).unwrap();
+    let layout = Layout::from_size_align(size.max(4096) as usize, 4096).unwrap();
     let buffers: Vec<*mut u8> = (0..qd)
         .map(|i| {
             // SAFETY: non-zero size.

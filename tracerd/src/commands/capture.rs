@@ -13,6 +13,7 @@ use std::{
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tracer_common::own;
 
 use crate::{
     model::aggregate::{Aggregator, HIGHEST_NS, LOWEST_NS, LayerStats, Lost, OpStats, SIGFIG, StageHist},
@@ -94,6 +95,10 @@ pub struct OpCapture {
     /// IOs below a traced stacked device that named no upper IO.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub unlinked: u64,
+    /// The unlinked IOs by the kind of own IO the kernel said they are (`parity`, `resync`,
+    /// ..., `unstated`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub unlinked_kinds: BTreeMap<String, u64>,
     pub stages: BTreeMap<Stage, Hist>,
     /// Queue depth at issue: sum and count of the requests issued with one known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -315,6 +320,7 @@ impl Capture {
                 merged_bios: s.merged_bios,
                 errors: s.errors,
                 unlinked: s.unlinked,
+                unlinked_kinds: own_kinds(&s.own),
                 stages: Stage::ALL
                     .iter()
                     .filter_map(|&st| Some((st, Hist::of(s.stage(st)?))))
@@ -382,6 +388,7 @@ impl Capture {
                     merged_bios: o.merged_bios,
                     errors: o.errors,
                     unlinked: o.unlinked,
+                    own: own_counts(&o.unlinked_kinds),
                     ..Default::default()
                 };
                 for (stage, h) in &o.stages {
@@ -561,6 +568,24 @@ impl Capture {
     }
 }
 
+/// Unlinked IO counts by own kind, by name (the non-zero ones).
+pub fn own_kinds(counts: &[u64; own::COUNT]) -> BTreeMap<String, u64> {
+    (0..own::COUNT as u8)
+        .filter(|&k| counts[k as usize] != 0)
+        .map(|k| (own::name(k).to_owned(), counts[k as usize]))
+        .collect()
+}
+
+/// [`own_kinds`] back; a kind this version does not know counts as unstated.
+pub fn own_counts(kinds: &BTreeMap<String, u64>) -> [u64; own::COUNT] {
+    let mut counts = [0; own::COUNT];
+    for (name, &n) in kinds {
+        let k = (0..own::COUNT as u8).find(|&k| own::name(k) == name).unwrap_or(own::UNSTATED);
+        counts[k as usize] += n;
+    }
+    counts
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -634,6 +659,8 @@ pub(crate) mod tests {
         c.devices[0].label = "dm-0 (lin0)".into();
         c.devices[0].lowers = vec!["loop0".into()];
         c.lost.insert("stale_bio".into(), 4);
+        c.devices[0].ops[0].unlinked = 5;
+        c.devices[0].ops[0].unlinked_kinds = BTreeMap::from([("parity".into(), 3), ("unstated".into(), 2)]);
         let (agg, topo, lost) = c.to_aggregate();
         assert_eq!(lost.stale_bio, 4);
         let again = Capture::from_aggregate(&agg, &topo, &lost, meta());

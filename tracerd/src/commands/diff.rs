@@ -456,6 +456,7 @@ mod tests {
                 merged_bios: 0,
                 errors: 0,
                 unlinked: 0,
+                unlinked_kinds: BTreeMap::new(),
                 stages: stages.iter().cloned().collect(),
                 queue_depth: None,
                 layers: vec![],

@@ -116,6 +116,9 @@ pub struct OpReport {
     /// IOs below a traced stacked device that named no upper IO (absent when none).
     #[serde(skip_serializing_if = "capture::is_zero")]
     pub unlinked: u64,
+    /// Those by the kind of own IO the kernel said they are (absent when none).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub unlinked_kinds: BTreeMap<String, u64>,
     pub iops: f64,
     pub bytes_per_second: f64,
     /// Mean queue depth at issue, of the requests issued with one known.
@@ -210,6 +213,7 @@ impl OpReport {
             merged_bios: s.merged_bios,
             errors: s.errors,
             unlinked: s.unlinked,
+            unlinked_kinds: capture::own_kinds(&s.own),
             iops: s.requests as f64 / duration_s,
             bytes_per_second: s.bytes as f64 / duration_s,
             queue_depth_mean: (s.queue_depth.count > 0)
@@ -626,11 +630,13 @@ fn render_op(out: &mut String, device: &str, op: &OpReport, style: Style) {
         let _ = writeln!(out, "  paths: {}", paths.join(", "));
     }
     if op.unlinked > 0 {
+        let kinds: Vec<String> = op.unlinked_kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
         let _ = writeln!(
             out,
             "  unlinked: {} of these IOs named no upper IO (the stacked driver's own IO, or a link the \
-             kernel does not state)",
-            op.unlinked
+             kernel does not state): {}",
+            op.unlinked,
+            kinds.join(", ")
         );
     }
     let rows: Vec<Vec<String>> = op

@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
-use tracer_common::{event, flag, kernel_ts, kind};
+use tracer_common::{event, flag, kernel_ts, kind, own};
 
 use crate::{
     kernel::cgroupfs::{CgroupNames, Named},
@@ -96,6 +96,9 @@ pub struct SnoopLine<'a> {
     pub path: String,
     pub requeued: bool,
     pub split: bool,
+    /// An NVMe path request whose bios went back to the head, to another path.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub failed_over: bool,
     pub error: u32,
     pub events_ns: BTreeMap<&'static str, u64>,
     pub stages_ns: BTreeMap<Stage, u64>,
@@ -109,6 +112,11 @@ pub struct SnoopLine<'a> {
     /// The upper bio this IO was remapped from.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
+    /// An IO below a traced stacked device that names no upper IO: the kind of the stacked
+    /// driver's own IO the kernel said it is (`parity`, `preread`, `resync`, `superblock`), else
+    /// `unstated`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unlinked: Option<&'static str>,
     /// Time in the device's submit function and in the md personality.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub submit_ns: Option<u64>,
@@ -188,12 +196,14 @@ pub fn line<'a>(
         path: path(rec),
         requeued: rec.flags & flag::REQUEUED != 0,
         split: rec.flags & flag::SPLIT != 0,
+        failed_over: rec.flags & flag::FAILOVER != 0,
         error: rec.error,
         events_ns,
         stages_ns,
         kernel_ns,
         id: (rec.kind == kind::BIO).then(|| format!("{:#x}", rec.id)),
         parent: (rec.parent != 0).then(|| format!("{:#x}", rec.parent)),
+        unlinked: (rec.flags & flag::UNLINKED != 0).then(|| own::name(rec.own)),
         submit_ns: (rec.submit_ns != 0).then_some(rec.submit_ns),
         personality_ns: (rec.personality_ns != 0).then_some(rec.personality_ns),
         layers: io

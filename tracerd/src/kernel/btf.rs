@@ -292,6 +292,12 @@ impl Btf {
         Ok(bits / 8)
     }
 
+    /// `sizeof(struct NAME)`.
+    pub fn struct_size(&self, strukt: &str) -> Result<u32, BtfError> {
+        let id = self.find(strukt, Kind::Struct).ok_or_else(|| BtfError::NoStruct(strukt.into()))?;
+        Ok(self.types[id as usize].size_or_type)
+    }
+
     pub fn has_member(&self, strukt: &str, member: &str) -> bool {
         #[cfg(test)]
         self.note(fixtures::Read::Member(strukt.into(), member.into()));

@@ -19,7 +19,7 @@ pub fn decode(bytes: &[u8]) -> Result<IoRecord, RecordError> {
     // SAFETY: length checked; IoRecord is plain old data valid for any bit pattern.
     let rec: IoRecord = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
     match rec.kind {
-        kind::REQUEST | kind::MERGE | kind::BIO => Ok(rec),
+        kind::REQUEST | kind::MERGE | kind::BIO | kind::LINK => Ok(rec),
         k => Err(RecordError::Kind(k)),
     }
 }
@@ -92,7 +92,7 @@ mod tests {
             }
 
             #[test]
-            fn any_record_of_a_known_kind(mut bytes in proptest::collection::vec(any::<u8>(), size_of::<IoRecord>()), k in 1u8..=3) {
+            fn any_record_of_a_known_kind(mut bytes in proptest::collection::vec(any::<u8>(), size_of::<IoRecord>()), k in 1u8..=4) {
                 let at = std::mem::offset_of!(IoRecord, kind);
                 bytes[at] = k;
                 prop_assert!(decode(&bytes).is_ok());

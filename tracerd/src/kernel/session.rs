@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
 use tokio::io::unix::AsyncFd;
-use tracer_common::{IoRecord, flag, kind};
+use tracer_common::{IoRecord, flag, kind, own};
 
 use crate::{
     kernel::record,
@@ -182,7 +182,16 @@ impl Reader<'_> {
                     continue;
                 }
             };
+            if rec.kind == kind::LINK {
+                self.layers.link_also(&rec);
+                continue;
+            }
             let target = self.resolved.target_of(&rec);
+            // The kernel names the kind of a stacked driver's own IO where a parent would be.
+            if rec.parent != 0 && rec.parent < own::LIMIT {
+                rec.own = rec.parent as u8;
+                rec.parent = 0;
+            }
             // IO below a traced stack that names no upper IO is counted as such, never lost in
             // the lower device's own numbers.
             let submitted_to = if rec.dev != 0 { rec.dev } else { rec.disk };

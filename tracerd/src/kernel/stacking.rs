@@ -56,13 +56,22 @@ pub fn resolve(vmlinux: &Btf, kprobes: bool) -> (StackLayout, Vec<Chain>) {
 const KALLSYMS: &str = "/proc/kallsyms";
 
 /// The address of function `name` in /proc/kallsyms; None where it is absent, or shown as 0
-/// (kernel.kptr_restrict hides addresses from a reader without CAP_SYSLOG).
+/// (kernel.kptr_restrict hides addresses from a reader without CAP_SYSLOG). `module:name`
+/// names a module's function where several modules have one of that name.
 pub fn kallsyms_address(text: &str, name: &str) -> Option<u64> {
+    let (module, name) = match name.split_once(':') {
+        Some((module, name)) => (Some(module), name),
+        None => (None, name),
+    };
     text.lines()
         .find_map(|line| {
             let mut f = line.split_whitespace();
             let (addr, kind, sym) = (f.next()?, f.next()?, f.next()?);
-            (sym == name && matches!(kind, "t" | "T")).then(|| u64::from_str_radix(addr, 16).ok()).flatten()
+            let in_module = module
+                .is_none_or(|m| f.next().and_then(|o| o.strip_prefix('[')?.strip_suffix(']')) == Some(m));
+            (sym == name && matches!(kind, "t" | "T") && in_module)
+                .then(|| u64::from_str_radix(addr, 16).ok())
+                .flatten()
         })
         .filter(|&a| a != 0)
 }
@@ -138,12 +147,16 @@ pub fn resolve_with(
         })
     };
     let end_io = vmlinux.member_offset("bio", &["bi_end_io"]).ok();
+    let mut md_acct = false;
     let md = load("md_mod").and_then(|md| {
         let end_io = end_io.ok_or_else(|| ChainState::Off("vmlinux BTF has no bio.bi_end_io".into()))?;
+        // Superblock and bitmap writes: labelled md's own IO where the address is known.
+        s.md_super_end = symbol("super_written").unwrap_or(0);
         for (strukt, end) in [("md_io_clone", "md_end_clone_io"), ("md_io_acct", "md_end_io_acct")] {
             if let Ok(orig) = md.member_offset(strukt, &["orig_bio"]) {
                 (s.md_clone_end, s.md_clone_orig_bio) = (address(end)?, orig);
                 s.bio_bi_end_io = end_io;
+                md_acct = strukt == "md_io_acct";
                 return Ok(format!("{strukt}.orig_bio at {orig}"));
             }
         }
@@ -164,10 +177,16 @@ pub fn resolve_with(
                 .member_offset(strukt, &["master_bio"])
                 .map_err(|e| ChainState::Off(format!("{module}'s BTF: {e}")))?;
             let ends = (address(read)?, address(write)?);
+            // Resync IO: labelled md's own where the addresses are known.
+            let sync =
+                (symbol(&format!("{module}:end_sync_read")), symbol(&format!("{module}:end_sync_write")));
+            let sync = (sync.0.unwrap_or(0), sync.1.unwrap_or(0));
             if module == "raid1" {
                 (s.raid1_read_end, s.raid1_write_end, s.r1bio_master_bio) = (ends.0, ends.1, master);
+                (s.raid1_sync_read_end, s.raid1_sync_write_end) = sync;
             } else {
                 (s.raid10_read_end, s.raid10_write_end, s.r10bio_master_bio) = (ends.0, ends.1, master);
+                (s.raid10_sync_read_end, s.raid10_sync_write_end) = sync;
             }
             Ok(format!("{strukt}.master_bio at {master}"))
         });
@@ -179,7 +198,55 @@ pub fn resolve_with(
         chains.push(chain(module, links, personality));
     }
 
-    s.links = (kprobes || s.dm != 0 || s.raid1_read_end != 0 || s.raid10_read_end != 0) as u32;
+    // md raid4/5/6: a stripe's member bios are embedded in its stripe_head (dev[i].req,
+    // .rreq), which their bi_private names; the device's lists hold the upper bios.
+    let raid5 = load("raid456").and_then(|btf| {
+        if s.bio_bi_end_io == 0 {
+            return Err(ChainState::Off("it needs md_mod's chain".into()));
+        }
+        let off = |strukt: &str, member: &str| {
+            btf.member_offset(strukt, &[member]).map_err(|e| ChainState::Off(format!("raid456's BTF: {e}")))
+        };
+        let [dev, state, disks, req, rreq, toread, written, sector] = [
+            off("stripe_head", "dev")?,
+            off("stripe_head", "state")?,
+            off("stripe_head", "disks")?,
+            off("r5dev", "req")?,
+            off("r5dev", "rreq")?,
+            off("r5dev", "toread")?,
+            off("r5dev", "written")?,
+            off("r5dev", "sector")?,
+        ];
+        let size = btf.struct_size("r5dev").map_err(|e| ChainState::Off(format!("raid456's BTF: {e}")))?;
+        let mut own_state = 0u32;
+        for bit in ["STRIPE_SYNCING", "STRIPE_EXPANDING", "STRIPE_EXPAND_SOURCE", "STRIPE_REPLACED"] {
+            match btf.enumerator(bit).and_then(|v| u32::try_from(v).ok()).filter(|&v| v < 32) {
+                Some(v) => own_state |= 1 << v,
+                None => return Err(ChainState::Off(format!("raid456's BTF has no {bit}"))),
+            }
+        }
+        let ends = [
+            address("raid5_end_read_request")?,
+            address("raid5_end_write_request")?,
+            address("raid5_align_endio")?,
+        ];
+        [s.raid5_read_end, s.raid5_write_end, s.raid5_align_end] = ends;
+        (s.sh_dev, s.sh_state, s.sh_disks) = (dev, state, disks);
+        (s.r5dev_size, s.r5dev_req, s.r5dev_rreq, s.r5dev_toread, s.r5dev_written, s.r5dev_sector) =
+            (size, req, rreq, toread, written, sector);
+        (s.r5_own_state, s.r5_align_acct) = (own_state, md_acct as u32);
+        Ok(format!("stripe_head.dev at {dev}, r5dev size {size}, written at {written}, toread at {toread}"))
+    });
+    chains.push(chain(
+        "raid456",
+        "md raid4/5/6's stripe IO to the upper bios whose data it carries (parity, pre-reads and \
+         resync as md's own IO), and aligned reads, from any task",
+        raid5,
+    ));
+
+    s.links =
+        (kprobes || s.dm != 0 || s.raid1_read_end != 0 || s.raid10_read_end != 0 || s.raid5_read_end != 0)
+            as u32;
     (s, chains)
 }
 
@@ -336,6 +403,92 @@ mod tests {
         assert_eq!((s.links, s.raid1_read_end, s.md_clone_end), (0, 0, 0));
         let md = describe(chains.iter().find(|c| c.module == "md_mod").unwrap());
         assert!(md.contains("kptr_restrict"), "{md}");
+    }
+
+    #[test]
+    fn raid456_chain_from_its_btf_with_6_1s_accounting_struct_and_sync_ends_by_module() {
+        let mut base = Builder::new();
+        let u64t = base.int("long long unsigned int", 8);
+        let i32t = base.int("int", 4);
+        let bio = base.strukt("bio", 4, 128, &[("bi_end_io", u64t, 56), ("bi_private", u64t, 64)]);
+        let vmlinux = Btf::parse(&base.build()).unwrap();
+        let mut md = Builder::split(&base);
+        md.strukt("md_io_acct", 4, 160, &[("orig_bio", u64t, 0), ("start_time", u64t, 8)]);
+        let mut raid1 = Builder::split(&base);
+        raid1.strukt("r1bio", 4, 64, &[("master_bio", u64t, 40)]);
+        let mut raid5 = Builder::split(&base);
+        raid5.strukt(
+            "r5dev",
+            4,
+            368,
+            &[
+                ("req", bio, 0),
+                ("rreq", bio, 128),
+                ("toread", u64t, 312),
+                ("written", u64t, 336),
+                ("sector", u64t, 344),
+            ],
+        );
+        raid5.strukt("stripe_head", 4, 224, &[("state", u64t, 72), ("disks", i32t, 88), ("dev", u64t, 224)]);
+        raid5.enumeration(
+            "",
+            &[
+                ("STRIPE_SYNCING", 3),
+                ("STRIPE_REPLACED", 6),
+                ("STRIPE_EXPANDING", 10),
+                ("STRIPE_EXPAND_SOURCE", 11),
+            ],
+        );
+        let (md, raid1, raid5) = (md.build(), raid1.build(), raid5.build());
+        let modules = |m: &str| match m {
+            "md_mod" => (true, Some(md.clone())),
+            "raid1" => (true, Some(raid1.clone())),
+            "raid456" => (true, Some(raid5.clone())),
+            _ => (false, None),
+        };
+        let kallsyms = "ffffffffc0001000 t md_end_io_acct\t[md_mod]\n\
+                        ffffffffc0001100 t super_written\t[md_mod]\n\
+                        ffffffffc0002000 t raid1_end_read_request\t[raid1]\n\
+                        ffffffffc0002100 t raid1_end_write_request\t[raid1]\n\
+                        ffffffffc0004000 t end_sync_read\t[raid10]\n\
+                        ffffffffc0002200 t end_sync_read\t[raid1]\n\
+                        ffffffffc0002300 t end_sync_write\t[raid1]\n\
+                        ffffffffc0005000 t raid5_end_read_request\t[raid456]\n\
+                        ffffffffc0005100 t raid5_end_write_request\t[raid456]\n\
+                        ffffffffc0005200 t raid5_align_endio\t[raid456]\n";
+        let (s, chains) = resolve_with(&vmlinux, false, modules, |n| kallsyms_address(kallsyms, n));
+        assert_eq!(s.links, 1);
+        assert_eq!(
+            [s.raid5_read_end, s.raid5_write_end, s.raid5_align_end, s.md_super_end],
+            [0xffff_ffff_c000_5000, 0xffff_ffff_c000_5100, 0xffff_ffff_c000_5200, 0xffff_ffff_c000_1100]
+        );
+        assert_eq!(
+            (s.raid1_sync_read_end, s.raid1_sync_write_end),
+            (0xffff_ffff_c000_2200, 0xffff_ffff_c000_2300)
+        );
+        assert_eq!((s.sh_dev, s.sh_state, s.sh_disks), (224, 72, 88));
+        assert_eq!(
+            (s.r5dev_size, s.r5dev_req, s.r5dev_rreq, s.r5dev_toread, s.r5dev_written, s.r5dev_sector),
+            (368, 0, 128, 312, 336, 344)
+        );
+        assert_eq!(s.r5_own_state, 1 << 3 | 1 << 6 | 1 << 10 | 1 << 11);
+        assert_eq!(s.r5_align_acct, 1, "6.1: an aligned read's bi_private is its md_io_acct");
+        let raid5 = describe(chains.iter().find(|c| c.module == "raid456").unwrap());
+        assert!(raid5.contains("r5dev size 368"), "{raid5}");
+
+        // Without its module's enum, the chain is off and names what is missing.
+        let mut bare = Builder::split(&base);
+        bare.strukt("r5dev", 4, 368, &[("req", bio, 0)]);
+        let bare = bare.build();
+        let (s, chains) = resolve_with(
+            &vmlinux,
+            false,
+            |m| if m == "raid456" { (true, Some(bare.clone())) } else { modules(m) },
+            |n| kallsyms_address(kallsyms, n),
+        );
+        assert_eq!(s.raid5_read_end, 0);
+        let raid5 = describe(chains.iter().find(|c| c.module == "raid456").unwrap());
+        assert!(raid5.contains("stripe_head"), "{raid5}");
     }
 
     #[test]

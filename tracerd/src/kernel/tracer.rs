@@ -88,6 +88,8 @@ pub struct Tracer {
     pub series: SeriesTable,
     /// How lower IOs of stacked devices are linked (module BTF chains), as last resolved.
     pub chains: Vec<Chain>,
+    /// What the programs were last told of stacking (the `STACK` map's one entry).
+    stack: StackLayout,
 }
 
 pub const CAP_SYS_ADMIN: u32 = 21;
@@ -221,6 +223,7 @@ impl Tracer {
             indices: DeviceIndex::default(),
             series,
             chains: Vec::new(),
+            stack: StackLayout::default(),
         };
         tracer.load_kprobes(opts.no_kprobes);
         tracer.resolve_chains(&btf)?;
@@ -238,9 +241,15 @@ impl Tracer {
             }
         }
         self.chains = chains;
+        self.write_stack(StackLayout { paths: self.stack.paths, ..layout })
+    }
+
+    fn write_stack(&mut self, layout: StackLayout) -> Result<()> {
         let map = self.ebpf.map_mut(names::STACK).context("no STACK map in the BPF object")?;
         let mut stack: Array<_, StackLayout> = Array::try_from(map)?;
-        stack.set(0, layout, 0).context("cannot write the stacking layout")
+        stack.set(0, layout, 0).context("cannot write the stacking layout")?;
+        self.stack = layout;
+        Ok(())
     }
 
     /// Resolves the chains again when a module they wait for has been loaded (dm, on the first
@@ -349,6 +358,10 @@ impl Tracer {
         for dev in gone {
             self.series.release(&mut self.ebpf, dev, self.indices.get(dev))?;
             self.indices.free(dev);
+        }
+        let paths = devs.iter().any(|d| paths.contains(d)) as u32;
+        if paths != self.stack.paths {
+            self.write_stack(StackLayout { paths, ..self.stack })?;
         }
         Ok(())
     }

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use hdrhistogram::Histogram;
-use tracer_common::{IoRecord, SeriesAgg, agg, event, flag, kind, lost};
+use tracer_common::{IoRecord, SeriesAgg, agg, event, flag, kind, lost, own};
 
 use crate::{
     model::layers::{LayerSplit, Phase},
@@ -124,6 +124,9 @@ pub struct OpStats {
     /// IOs of a device below a traced stacked device that name no upper IO: the stacked
     /// driver's own IO (metadata, zeroing, resync), or a link the kernel does not state.
     pub unlinked: u64,
+    /// The unlinked IOs by the kind of own IO the kernel said they are (indexed by
+    /// `tracer_common::own`; 0: it did not say).
+    pub own: [u64; own::COUNT],
     pub stages: Stages,
     /// Requests per event path, indexed by the bitmask of events that fired.
     pub paths: [u64; 64],
@@ -182,6 +185,7 @@ impl Default for OpStats {
             merged_bios: 0,
             errors: 0,
             unlinked: 0,
+            own: [0; own::COUNT],
             stages: Default::default(),
             paths: [0; 64],
             by_qd: BTreeMap::new(),
@@ -369,7 +373,10 @@ impl Aggregator {
             stats.requests += 1;
             stats.bytes += rec.bytes as u64;
             stats.errors += (rec.error != 0) as u64;
-            stats.unlinked += (rec.flags & flag::UNLINKED != 0) as u64;
+            if rec.flags & flag::UNLINKED != 0 {
+                stats.unlinked += 1;
+                stats.own[(rec.own as usize).min(own::COUNT - 1)] += 1;
+            }
             stats.paths[path_mask(rec)] += 1;
             if rec.queue_depth != 0 {
                 stats.queue_depth.record(rec.queue_depth);

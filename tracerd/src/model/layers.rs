@@ -13,6 +13,8 @@ use tracer_common::{IoRecord, event, kind};
 pub const MAX_LOWERS: usize = 8;
 /// Upper IOs waiting for completion; beyond this the oldest knowledge is dropped and counted.
 const MAX_PENDING: usize = 65_536;
+/// Lower IOs with more than one upper IO ([`kind::LINK`]) waiting for their record.
+const MAX_SHARED: usize = 4_096;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -79,21 +81,51 @@ struct Pending {
     n: usize,
 }
 
+/// A lower IO by what its record and its link records both name: its device, its sector, and
+/// its first upper IO.
+type LowerKey = (u32, u64, u64);
+
 #[derive(Debug, Default)]
 pub struct Layers {
     pending: HashMap<u64, Pending>,
+    /// Further upper IOs of a lower IO, from link records, until the lower IO's record.
+    shared: HashMap<LowerKey, Vec<u64>>,
     /// Lower IOs whose upper IO never completed while tracked (dropped when full).
     pub orphaned: u64,
 }
 
 impl Layers {
-    /// A completed IO of device `lower`; kept if it was remapped from an upper bio.
+    /// A link record: the upper IO `rec.id` also has data in the lower IO that names
+    /// `rec.parent` first, on `rec.dev` at `rec.sector`.
+    pub fn link_also(&mut self, rec: &IoRecord) {
+        if self.shared.len() >= MAX_SHARED {
+            // Lower IOs that never came (an untraced member): their knowledge goes.
+            self.orphaned += self.shared.values().map(|v| v.len() as u64).sum::<u64>();
+            self.shared.clear();
+        }
+        self.shared.entry((rec.dev, rec.sector, rec.parent)).or_default().push(rec.id);
+    }
+
+    /// A completed IO of device `lower`; kept if it was remapped from an upper bio, for its
+    /// parent and for every further upper IO a link record named.
     pub fn lower_done(&mut self, lower: u32, rec: &IoRecord) {
         let (q, c) = (start(rec), rec.ts[event::C]);
         if rec.parent == 0 || q == 0 || c == 0 {
             return;
         }
-        if self.pending.len() >= MAX_PENDING && !self.pending.contains_key(&rec.parent) {
+        let more = if self.shared.is_empty() {
+            None
+        } else {
+            self.shared.remove(&(rec.dev, rec.sector, rec.parent))
+        };
+        self.add_lower(rec.parent, lower, q, c);
+        for upper in more.into_iter().flatten() {
+            self.add_lower(upper, lower, q, c);
+        }
+    }
+
+    fn add_lower(&mut self, upper: u64, lower: u32, q: u64, c: u64) {
+        if self.pending.len() >= MAX_PENDING && !self.pending.contains_key(&upper) {
             self.orphaned += self
                 .pending
                 .values()
@@ -101,7 +133,7 @@ impl Layers {
                 .sum::<u64>();
             self.pending.clear();
         }
-        let p = self.pending.entry(rec.parent).or_default();
+        let p = self.pending.entry(upper).or_default();
         let i = match p.groups[..p.n].iter().position(|g| g.dev == lower) {
             Some(i) => i,
             None if p.n < MAX_LOWERS => {
@@ -210,5 +242,44 @@ mod tests {
             out[0],
             LayerSplit { lower: 10, ios: 1, layer_ns: 200, lower_ns: 500, completion_ns: 100 }
         );
+    }
+
+    #[test]
+    fn a_lower_io_shared_by_upper_ios_is_the_lower_io_of_each() {
+        let mut l = Layers::default();
+        // md raid5: one member write (bio 50 on dev 10 at sector 64) holds the data of upper
+        // writes 1, 2 and 3 of one page; the kernel names 1 as parent, 2 and 3 in link records.
+        for upper in [2, 3] {
+            let link = IoRecord {
+                kind: kind::LINK,
+                id: upper,
+                parent: 1,
+                dev: 10,
+                sector: 64,
+                ..Default::default()
+            };
+            l.link_also(&link);
+        }
+        // Another member IO of upper 1 at another sector takes none of them.
+        let mut other = bio(51, 1, 110, 300);
+        (other.dev, other.sector) = (11, 8);
+        l.lower_done(11, &other);
+        let mut shared = bio(50, 1, 200, 700);
+        (shared.dev, shared.sector) = (10, 64);
+        l.lower_done(10, &shared);
+        assert!(l.shared.is_empty(), "consumed by the lower IO's record");
+        let mut out = [LayerSplit::default(); MAX_LOWERS];
+        assert_eq!(l.upper_done(&bio(1, 0, 100, 1000), &mut out), 2);
+        assert_eq!(
+            out[1],
+            LayerSplit { lower: 10, ios: 1, layer_ns: 100, lower_ns: 500, completion_ns: 300 }
+        );
+        for upper in [2, 3] {
+            assert_eq!(l.upper_done(&bio(upper, 0, 150, 800), &mut out), 1, "upper {upper}");
+            assert_eq!(
+                out[0],
+                LayerSplit { lower: 10, ios: 1, layer_ns: 50, lower_ns: 500, completion_ns: 100 }
+            );
+        }
     }
 }

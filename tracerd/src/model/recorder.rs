@@ -17,7 +17,7 @@ use std::{
     time::Duration,
 };
 
-use tracer_common::{IoRecord, SeriesAgg, agg, event, flag, kind};
+use tracer_common::{IoRecord, SeriesAgg, agg, event, flag, kind, own};
 
 use crate::model::{
     aggregate::{Aggregator, LayerStats, Lost, OpStats, QD_BUCKETS, StageHist, path_mask},
@@ -106,6 +106,8 @@ pub struct SeriesFrame {
     pub errors: u64,
     /// IOs below a stacked device that name no upper IO.
     pub unlinked: u64,
+    /// The unlinked IOs by own kind (see `OpStats::own`).
+    pub own: [u64; own::COUNT],
     pub qd: [u64; QD_BUCKETS],
     pub qd_sum: u64,
     pub qd_count: u64,
@@ -144,7 +146,10 @@ impl SeriesFrame {
             self.requests += 1;
             self.bytes += rec.bytes as u64;
             self.errors += (rec.error != 0) as u64;
-            self.unlinked += (rec.flags & flag::UNLINKED != 0) as u64;
+            if rec.flags & flag::UNLINKED != 0 {
+                self.unlinked += 1;
+                self.own[(rec.own as usize).min(own::COUNT - 1)] += 1;
+            }
             *self.paths.entry(path_mask(rec) as u8).or_default() += 1;
             if rec.queue_depth != 0 {
                 self.qd[agg::qd_bucket(rec.queue_depth)] += 1;
@@ -189,6 +194,9 @@ impl SeriesFrame {
         stats.merged_bios += self.merged_bios;
         stats.errors += self.errors;
         stats.unlinked += self.unlinked;
+        for (to, &n) in stats.own.iter_mut().zip(&self.own) {
+            *to += n;
+        }
         for (&path, &n) in &self.paths {
             stats.paths[path as usize & 63] += n;
         }
@@ -507,6 +515,12 @@ fn encode_series(w: &mut Vec<u8>, (dev, op): (u32, Op), s: &SeriesFrame) {
         w.push(path);
         varint(w, n);
     }
+    let own: Vec<(usize, u64)> = s.own.iter().copied().enumerate().filter(|(_, n)| *n != 0).collect();
+    w.push(own.len() as u8);
+    for (k, n) in own {
+        w.push(k as u8);
+        varint(w, n);
+    }
     let present = s.stages.iter().enumerate().filter(|(_, b)| b.is_some()).fold(0u8, |m, (i, _)| m | 1 << i);
     w.push(present);
     for b in s.stages.iter().flatten() {
@@ -591,6 +605,10 @@ fn decode_series(r: &mut Reader) -> Option<((u32, Op), SeriesFrame)> {
         let path = r.byte()?;
         s.paths.insert(path, r.varint()?);
     }
+    for _ in 0..r.byte()? {
+        let k = r.byte()? as usize;
+        *s.own.get_mut(k)? = r.varint()?;
+    }
     let present = r.byte()?;
     for (i, slot) in s.stages.iter_mut().enumerate() {
         if present & 1 << i != 0 {
@@ -653,6 +671,15 @@ mod tests {
         b.add_record(1, Op::Write, &merge, &[]);
         let (upper, splits) = stacked();
         b.add_record(9, Op::Write, &upper, &splits);
+        // md's own IO below it, by kind.
+        for own in [own::PARITY, own::PARITY, own::UNSTATED] {
+            b.add_record(
+                7,
+                Op::Write,
+                &IoRecord { flags: flag::UNLINKED, own, ..request(10, 20, 30, 4096, 1) },
+                &[],
+            );
+        }
         let mut counted = SeriesAgg::default();
         count_like_the_kernel(&mut counted, &request(0, 1_000_000, 3_000_000_000, 65536, 7));
         b.add_kernel(2, Op::Write, &counted);
@@ -661,10 +688,11 @@ mod tests {
         let frame = b.seal(1_000, 2_000, &lost);
         assert!(b.series.is_empty(), "sealing starts a new frame");
         let d = frame.decode().unwrap();
+        assert_eq!(expected[&(7, Op::Write)].own, [1, 2, 0, 0, 0]);
         assert_eq!(d.series.into_iter().collect::<BTreeMap<_, _>>(), expected);
         assert_eq!(d.lost, lost);
-        // Bytes: 4 series of up to 8 stages in a few hundred bytes, not kilobytes.
-        assert!(frame.data.len() < 700, "{} bytes", frame.data.len());
+        // Bytes: 5 series of up to 8 stages in a few hundred bytes, not kilobytes.
+        assert!(frame.data.len() < 800, "{} bytes", frame.data.len());
     }
 
     #[test]

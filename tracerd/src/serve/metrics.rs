@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use tracer_common::agg;
+use tracer_common::{agg, own};
 
 use crate::{
     kernel::hooks::HookStatus,
@@ -312,11 +312,15 @@ pub fn families(state: &State, format: Format) -> Vec<Family> {
     let mut f = family(
         "tracerd_io_unlinked_total",
         Kind::Counter,
-        "IOs of a device below a traced stacked device that named no upper IO: the stacked \
-         driver's own IO (metadata, zeroing, resync) or a link the kernel does not state.",
+        "IOs of a device below a traced stacked device that named no upper IO, by kind: the \
+         stacked driver's own IO where the kernel says what it is (parity, preread, resync, \
+         superblock), else unstated (metadata, zeroing, or a link the kernel does not state).",
     );
     for (device, op, stats) in series.iter().filter(|(_, _, s)| s.unlinked != 0) {
-        number(&mut f, labels([("device", device), ("op", op.as_str())]), stats.unlinked as f64);
+        for (k, &n) in stats.own.iter().enumerate().filter(|(_, n)| **n != 0) {
+            let l = labels([("device", device), ("op", op.as_str()), ("kind", own::name(k as u8))]);
+            number(&mut f, l, n as f64);
+        }
     }
     out.push(f);
     if let Some(c) = &state.cgroups {
