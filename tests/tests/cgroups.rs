@@ -312,10 +312,18 @@ fn short_lived_cgroups_stay_within_the_bound_expire_and_leak_nothing() {
             c.run(&[iogen.to_str().unwrap(), &dev.path, "read", "5", "4096", "1"]);
         }
         let want = (round * 1000) as f64;
-        assert!(
-            eventually(|| agent.metrics().get("tracerd_records_total", &[]) >= want),
-            "never read {want} records"
-        );
+        if !eventually(|| agent.metrics().get("tracerd_records_total", &[]) >= want) {
+            let m = agent.metrics();
+            let counts: Vec<_> = m
+                .samples
+                .iter()
+                .filter(|((n, _), _)| {
+                    ["tracerd_records_total", "tracerd_events_lost_total", "tracerd_io_requests_total"]
+                        .contains(&n.as_str())
+                })
+                .collect();
+            panic!("never read {want} records in round {round}: {counts:?}\n{}", agent.stderr_text());
+        }
         let m = agent.metrics();
         let labels: std::collections::BTreeSet<&String> = m
             .samples
