@@ -5,6 +5,7 @@
 use core::ptr::read_volatile;
 
 use aya_ebpf::{
+    bindings::BPF_F_MMAPABLE,
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
@@ -17,13 +18,15 @@ use tracer_common::{
 #[unsafe(no_mangle)]
 pub(crate) static LAYOUT: KernelLayout = KernelLayout::ZERO;
 
-/// Bios between Q and their request (or merge, or completion). Key: `struct bio *`.
+/// Bios between Q and their request (or merge, or completion). Key: `struct bio *`. The slot
+/// tables are mmapable: the daemon scans them in place (tracerd/src/kernel/slot_view.rs).
 #[map]
-pub(crate) static BIOS: Array<Slot<BioState>> = Array::with_max_entries(limits::BIO_SLOTS, 0);
+pub(crate) static BIOS: Array<Slot<BioState>> = Array::with_max_entries(limits::BIO_SLOTS, BPF_F_MMAPABLE);
 
 /// Requests between first I/D and full completion. Key: `struct request *`.
 #[map]
-pub(crate) static REQUESTS: Array<Slot<RequestState>> = Array::with_max_entries(limits::REQUEST_SLOTS, 0);
+pub(crate) static REQUESTS: Array<Slot<RequestState>> =
+    Array::with_max_entries(limits::REQUEST_SLOTS, BPF_F_MMAPABLE);
 
 /// Traced disks and partitions, with each disk's in-flight count. Key: kernel `dev_t`.
 #[map]

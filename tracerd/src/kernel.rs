@@ -8,5 +8,6 @@ pub mod layout;
 pub mod record;
 pub mod series;
 pub mod session;
+pub mod slot_view;
 pub mod stacking;
 pub mod tracer;

@@ -21,6 +21,7 @@ use crate::{
     kernel::hooks::{HOOKS, HookStatus, KPROBES, kprobes_available, load_kprobe_programs},
     kernel::layout,
     kernel::series::{DeviceIndex, SeriesTable},
+    kernel::slot_view::SlotView,
     kernel::stacking::{self, Chain, ChainState},
     model::op::OpDecoder,
 };
@@ -90,6 +91,9 @@ pub struct Tracer {
     pub chains: Vec<Chain>,
     /// What the programs were last told of stacking (the `STACK` map's one entry).
     stack: StackLayout,
+    /// The in-flight tables, mapped for scans.
+    bio_slots: SlotView<BioState>,
+    request_slots: SlotView<RequestState>,
 }
 
 pub const CAP_SYS_ADMIN: u32 = 21;
@@ -215,7 +219,11 @@ impl Tracer {
             hooks.push(status);
         }
         let series = SeriesTable::new(limits::SERIES_DEVICES);
+        let (bio_slots, request_slots) =
+            (SlotView::new(&ebpf, names::BIOS)?, SlotView::new(&ebpf, names::REQUESTS)?);
         let mut tracer = Tracer {
+            bio_slots,
+            request_slots,
             ebpf,
             hooks,
             ops,
@@ -410,12 +418,15 @@ impl Tracer {
 
     /// Busy slots of the in-flight tables: (bios, requests).
     pub fn occupancy(&self) -> Result<(u64, u64)> {
-        Ok((busy::<BioState>(&self.ebpf, names::BIOS)?, busy::<RequestState>(&self.ebpf, names::REQUESTS)?))
+        Ok((self.bio_slots.busy(), self.request_slots.busy()))
     }
 
     /// Removes in-flight entries of vanished devices (`dev_t`s); returns how many IOs.
     pub fn sweep_devices(&mut self, gone: &HashSet<u32>) -> Result<u64> {
-        let (bios, requests) = sweep_gone(&mut self.ebpf, gone)?;
+        let bios = sweep(&mut self.ebpf, names::BIOS, &self.bio_slots, |s| gone.contains(&s.dev))?;
+        let requests = sweep(&mut self.ebpf, names::REQUESTS, &self.request_slots, |s| {
+            gone.contains(&s.record.disk) || gone.contains(&s.record.dev)
+        })?;
         Ok(bios + requests)
     }
 
@@ -423,8 +434,8 @@ impl Tracer {
     /// Returns (bios, requests) removed.
     pub fn sweep_stale(&mut self, max_age: Duration) -> Result<(u64, u64)> {
         let cutoff = monotonic_ns().saturating_sub(max_age.as_nanos() as u64);
-        let stale_bios = sweep::<BioState>(&mut self.ebpf, names::BIOS, |s| s.queued_ns < cutoff)?;
-        let stale_requests = sweep::<RequestState>(&mut self.ebpf, names::REQUESTS, |s| {
+        let stale_bios = sweep(&mut self.ebpf, names::BIOS, &self.bio_slots, |s| s.queued_ns < cutoff)?;
+        let stale_requests = sweep(&mut self.ebpf, names::REQUESTS, &self.request_slots, |s| {
             s.record.ts.iter().copied().max().unwrap_or(0) < cutoff
         })?;
         Ok((stale_bios, stale_requests))
@@ -473,20 +484,23 @@ fn prog_info(fd: BorrowedFd<'_>) -> Option<aya_obj::generated::bpf_prog_info> {
 }
 
 /// Frees in-flight entries of devices that are gone; returns (bios, requests) freed.
-fn sweep_gone(ebpf: &mut Ebpf, gone: &HashSet<u32>) -> Result<(u64, u64)> {
-    let bios = sweep::<BioState>(ebpf, names::BIOS, |s| gone.contains(&s.dev))?;
-    let requests = sweep::<RequestState>(ebpf, names::REQUESTS, |s| {
-        gone.contains(&s.record.disk) || gone.contains(&s.record.dev)
-    })?;
-    Ok((bios, requests))
-}
-
-/// Frees the busy slots of a slot table whose value is `stale`; returns how many.
-fn sweep<V: aya::Pod + Default>(ebpf: &mut Ebpf, name: &str, stale: impl Fn(&V) -> bool) -> Result<u64> {
+/// Frees the busy slots of a slot table whose value is `stale`; returns how many. The scan
+/// reads the mapped table; each candidate is read again through bpf() before it is freed, as
+/// the kernel may have reused its slot meanwhile.
+fn sweep<V: aya::Pod + Default>(
+    ebpf: &mut Ebpf,
+    name: &str,
+    view: &SlotView<V>,
+    stale: impl Fn(&V) -> bool,
+) -> Result<u64> {
+    let candidates = view.find(&stale);
+    if candidates.is_empty() {
+        return Ok(0);
+    }
     let mut table: Array<_, Slot<V>> =
         Array::try_from(ebpf.map_mut(name).with_context(|| format!("{name} map"))?)?;
     let mut freed = 0;
-    for i in 0..table.len() {
+    for i in candidates {
         let slot = table.get(&i, 0)?;
         if slot.key != 0 && stale(&slot.value) {
             table.set(i, Slot::<V>::default(), 0)?;
@@ -494,16 +508,6 @@ fn sweep<V: aya::Pod + Default>(ebpf: &mut Ebpf, name: &str, stale: impl Fn(&V) 
         }
     }
     Ok(freed)
-}
-
-/// Busy slots of a slot table.
-fn busy<V: aya::Pod + Default>(ebpf: &Ebpf, name: &str) -> Result<u64> {
-    let table: Array<_, Slot<V>> = Array::try_from(ebpf.map(name).with_context(|| format!("{name} map"))?)?;
-    let mut n = 0;
-    for i in 0..table.len() {
-        n += (table.get(&i, 0)?.key != 0) as u64;
-    }
-    Ok(n)
 }
 
 fn log_status(s: &HookStatus) {
