@@ -377,6 +377,52 @@ fn md_raid1_and_raid10_link_from_their_own_structs_without_kprobes() {
 }
 
 #[test]
+fn md_raid0_links_each_member_bio_and_each_split_part_without_kprobes() {
+    if !ran("md") {
+        return;
+    }
+    // raid0 sends md's accounting clone of the bio (or of the part it split off) to a member:
+    // the clone names the bio md got, so no kprobe is needed. A 128 KiB write spans two 64 KiB
+    // chunks: each part is one IO of md4 on one member.
+    let lines = json_lines("raid0_snoop");
+    let members = ["ram16", "ram17"];
+    let uppers: Vec<&Value> = lines.iter().filter(|l| l["device"] == "md4").collect();
+    let by =
+        count_by(&uppers, |l| format!("{} {} split={}", l["op"].as_str().unwrap(), l["bytes"], l["split"]));
+    let want = BTreeMap::from([
+        ("read 4096 split=false".into(), 100),
+        ("write 4096 split=false".into(), 100),
+        ("write 65536 split=false".into(), 40),
+        ("write 65536 split=true".into(), 40),
+    ]);
+    assert_eq!(by, want, "md4's IOs: each part of a split write holds its own 64 KiB");
+    for u in &uppers {
+        let layers = u["layers"].as_array().unwrap_or_else(|| panic!("md4: an IO not linked: {u}"));
+        assert_eq!(layers.len(), 1, "md4: one member holds each part: {u}");
+        assert!(members.iter().any(|m| layers[0]["lower"] == *m) && layers[0]["ios"] == 1, "{u}");
+        assert_layers_add_up(u);
+    }
+    // The two parts of a split write are on different members (adjacent chunks).
+    let parts = count_by(&uppers.iter().filter(|u| u["bytes"] == 65536).copied().collect::<Vec<_>>(), |u| {
+        format!("{} split={}", u["layers"][0]["lower"].as_str().unwrap(), u["split"])
+    });
+    assert_eq!(parts.values().sum::<u64>(), 80, "{parts:?}");
+    assert!(parts.values().all(|&n| n == 20 || n == 40), "parts over members: {parts:?}");
+    // Every member IO is linked: raid0 does no IO of its own.
+    let below: Vec<&Value> = lines.iter().filter(|l| members.iter().any(|m| l["device"] == *m)).collect();
+    let unlinked: Vec<_> = below.iter().filter(|l| l["parent"].is_null()).collect();
+    assert!(unlinked.is_empty(), "member IO not linked: {unlinked:?}");
+    assert_eq!(below.len(), 280, "one member IO per page IO and per part");
+
+    let r = report("raid0_report_json");
+    assert_eq!(device(&r, "md4")["lowers"], serde_json::json!(members));
+    assert_counts_match_diskstats(&r, "raid0_diskstats", &["md4"]);
+    // And the bytes: md counts each part's own sectors.
+    let written = op(device(&r, "md4"), "write")["bytes"].as_u64().unwrap();
+    assert_eq!(written, 100 * 4096 + 40 * 131072, "md4 write bytes");
+}
+
+#[test]
 fn md_raid5_links_member_data_to_its_upper_bios_and_names_md_s_own_io() {
     if !ran("raid5") {
         return;
@@ -431,6 +477,48 @@ fn md_raid5_links_member_data_to_its_upper_bios_and_names_md_s_own_io() {
     assert_eq!(parity, n("parity write"), "report and snoop count the same parity writes");
     // md counts its own IO in /proc/diskstats (brd counts none).
     assert_counts_match_diskstats(&r, "raid5_diskstats", &["md2"]);
+}
+
+#[test]
+fn md_raid6_links_member_data_and_names_both_parity_pages_md_s_own() {
+    if !ran("raid5") {
+        return;
+    }
+    // raid6 over four members: a page write is one data write and two parity writes (P, Q).
+    let lines = json_lines("raid6_snoop");
+    let members = ["ram12", "ram13", "ram14", "ram15"];
+    let uppers: Vec<&Value> = lines.iter().filter(|l| l["device"] == "md3").collect();
+    let by = count_by(&uppers, |l| format!("{} {}", l["op"].as_str().unwrap(), l["bytes"]));
+    assert_eq!(by, BTreeMap::from([("read 4096".into(), 60), ("write 4096".into(), 60)]), "md3's IOs");
+    for u in &uppers {
+        let layers = u["layers"].as_array().unwrap_or_else(|| panic!("md3: an IO not linked: {u}"));
+        assert_eq!(layers.len(), 1, "md3: one member holds the data: {u}");
+        assert!(members.iter().any(|m| layers[0]["lower"] == *m) && layers[0]["ios"] == 1, "{u}");
+        assert_layers_add_up(u);
+    }
+    let below: Vec<&Value> = lines.iter().filter(|l| members.iter().any(|m| l["device"] == *m)).collect();
+    let kinds = count_by(&below, |l| match (&l["parent"], &l["unlinked"]) {
+        (Value::String(_), Value::Null) => format!("linked {}", l["op"].as_str().unwrap()),
+        (Value::Null, Value::String(kind)) => format!("{kind} {}", l["op"].as_str().unwrap()),
+        _ => panic!("a member IO is neither linked nor unlinked: {l}"),
+    });
+    let n = |k: &str| kinds.get(k).copied().unwrap_or(0);
+    assert_eq!((n("linked read"), n("linked write")), (60, 60), "one member IO per page: {kinds:?}");
+    assert!(n("parity write") >= 2 * 60, "P and Q for each page write: {kinds:?}");
+    let known = ["linked read", "linked write", "parity write", "preread read", "superblock write"];
+    assert!(kinds.keys().all(|k| known.contains(&k.as_str())), "member IO md did not explain: {kinds:?}");
+
+    let r = report("raid6_report_json");
+    assert_eq!(device(&r, "md3")["lowers"], serde_json::json!(members));
+    let w = op(device(&r, "md3"), "write");
+    let linked: u64 = w["layers"].as_array().unwrap().iter().map(|l| l["ios"].as_u64().unwrap()).sum();
+    assert_eq!((w["requests"].as_u64(), linked), (Some(60), 60), "every md3 write linked to one member: {w}");
+    let parity: u64 = members
+        .iter()
+        .map(|m| op(device(&r, m), "write")["unlinked_kinds"]["parity"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(parity, n("parity write"), "report and snoop count the same parity writes");
+    assert_counts_match_diskstats(&r, "raid6_diskstats", &["md3"]);
 }
 
 /// Each of `devices` has as many reads and writes in `report` as /proc/diskstats counted

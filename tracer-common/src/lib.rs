@@ -56,6 +56,12 @@ pub mod own {
     /// Parent values below this are kinds.
     pub const LIMIT: u64 = 256;
 
+    /// Where `kind` is counted in a `[u64; COUNT]`: a kind this build does not know is
+    /// unstated, as [`name`] says.
+    pub fn index(kind: u8) -> usize {
+        if (kind as usize) < COUNT { kind as usize } else { UNSTATED as usize }
+    }
+
     pub fn name(kind: u8) -> &'static str {
         match kind {
             PARITY => "parity",
@@ -269,6 +275,9 @@ pub struct StackLayout {
     pub raid10_read_end: u64,
     pub raid10_write_end: u64,
     pub md_clone_end: u64,
+    /// `bio_chain_endio` (/proc/kallsyms): a bio that ends there is a piece chained to the bio
+    /// in its `bi_private` (`bio_chain`), as md raid0 sends the front of a bio it splits.
+    pub chain_end: u64,
     /// `struct bio.bi_end_io` (vmlinux BTF); 0 when md's chains are off.
     pub bio_bi_end_io: u32,
     pub r1bio_master_bio: u32,
@@ -662,6 +671,14 @@ mod user {
 #[cfg(test)]
 mod tests {
     use super::agg::*;
+
+    #[test]
+    fn an_own_kind_this_build_does_not_know_counts_as_unstated() {
+        use super::own;
+        assert_eq!(own::index(own::SUPERBLOCK), 4);
+        assert_eq!((own::index(5), own::index(255)), (0, 0));
+        assert_eq!(own::name(5), own::name(own::UNSTATED));
+    }
 
     #[test]
     fn bounds_are_r10_steps_with_every_prometheus_bound() {

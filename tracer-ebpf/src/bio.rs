@@ -79,7 +79,8 @@ pub(crate) fn on_getrq<M: Mem>(bio: u64) {
 pub(crate) fn on_split<M: Mem>(bio: u64) {
     // The split-off front part is chained to its parent: `bi_private` points at the parent bio.
     let l = layout();
-    let Some(parent) = slot_get(&BIOS, limits::BIO_SLOTS, M::key(M::read(bio, l.bio_bi_private))) else {
+    let parent_bio: u64 = M::read(bio, l.bio_bi_private);
+    let Some(parent) = slot_get(&BIOS, limits::BIO_SLOTS, M::key(parent_bio)) else {
         return;
     };
     let Some(state) = slot_claim(&BIOS, limits::BIO_SLOTS, M::key(bio)) else {
@@ -90,6 +91,12 @@ pub(crate) fn on_split<M: Mem>(bio: u64) {
     unsafe {
         copy_words(state, parent);
         (*state).flags |= flag::SPLIT;
+        // Each part records its own data (the split has advanced the parent past the front
+        // part), so a bio-based device's parts add up to what was queued, as its diskstats do.
+        (*state).sector = M::read(bio, l.bio_bi_sector);
+        (*state).bytes = M::read(bio, l.bio_bi_size);
+        (*parent).sector = M::read(parent_bio, l.bio_bi_sector);
+        (*parent).bytes = M::read(parent_bio, l.bio_bi_size);
     }
 }
 

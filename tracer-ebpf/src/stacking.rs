@@ -70,13 +70,20 @@ fn md_unclone(l: &KernelLayout, s: &StackLayout, bio: u64) -> u64 {
 /// value below `own::LIMIT`). Its `bi_end_io` names the personality: raid1/raid10 member
 /// bios name their r1bio/r10bio in `bi_private`, whose `master_bio` is the upper bio.
 #[inline(always)]
-fn md_upper(l: &KernelLayout, s: &StackLayout, bio: u64) -> Option<u64> {
+fn md_upper(l: &KernelLayout, s: &StackLayout, bio: u64, upper_dev: u32) -> Option<u64> {
     if s.bio_bi_end_io == 0 {
         return None;
     }
     let end: u64 = Probe::read(bio, s.bio_bi_end_io);
     let master = if end == 0 {
         return None;
+    } else if end == s.md_clone_end {
+        // raid0 (and md-linear) send md's accounting clone itself: of the bio md got, or of a
+        // front piece it split off, chained to that bio.
+        return queued_on(l, s, Probe::read(Probe::read::<u64>(bio, l.bio_bi_private), s.md_clone_orig_bio), upper_dev);
+    } else if end == s.chain_end {
+        // A front piece raid0 split off and sends uncloned.
+        return queued_on(l, s, bio, upper_dev);
     } else if end == s.raid1_read_end || end == s.raid1_write_end {
         s.r1bio_master_bio
     } else if end == s.raid10_read_end || end == s.raid10_write_end {
@@ -89,6 +96,31 @@ fn md_upper(l: &KernelLayout, s: &StackLayout, bio: u64) -> Option<u64> {
     let r: u64 = Probe::read(bio, l.bio_bi_private);
     let upper = md_unclone(l, s, Probe::read(r, master));
     (upper != 0).then_some(upper)
+}
+
+/// Pieces of a bio that a chain from a member bio may pass through (md splits a bio at most
+/// once per chunk boundary it reaches, each piece chained to the rest).
+const CHAIN_STEPS: usize = 4;
+
+/// `bio`, or the bio its `bio_chain` pieces lead to, if tracerd queued it on `dev`: the bio the
+/// stacked device `dev` got (or a piece a split tracepoint named), so never an unrelated bio.
+#[inline(always)]
+fn queued_on(l: &KernelLayout, s: &StackLayout, bio: u64, dev: u32) -> Option<u64> {
+    let mut b = bio;
+    for _ in 0..CHAIN_STEPS {
+        if b == 0 {
+            return None;
+        }
+        if let Some(state) = slot_get(&BIOS, limits::BIO_SLOTS, b) {
+            // SAFETY: map value pointer from a successful lookup.
+            return (unsafe { (*state).dev } == dev).then_some(b);
+        }
+        if s.chain_end == 0 || Probe::read::<u64>(b, s.bio_bi_end_io) != s.chain_end {
+            return None;
+        }
+        b = Probe::read(b, l.bio_bi_private);
+    }
+    None
 }
 
 /// Upper bios past the first that one raid5 stripe page may hold, each sent as a
@@ -327,7 +359,7 @@ pub(crate) fn on_bio_remap(lower: u64, upper_dev: u32) {
     }
     let Some(s) = stacking() else { return };
     let l = layout();
-    let upper = match dm_upper(l, s, lower).or_else(|| md_upper(l, s, lower)) {
+    let upper = match dm_upper(l, s, lower).or_else(|| md_upper(l, s, lower, upper_dev)) {
         Some(upper) => upper,
         None => {
             // SAFETY: copy out of a map value.

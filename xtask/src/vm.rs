@@ -49,6 +49,7 @@ const VM_HANG: Duration = Duration::from_secs(2400);
 /// Modules the guest prologue loads (their dependencies come along, see [`VmKernel::module_files`]).
 pub const GUEST_MODULES: &[&str] = &[
     "brd",
+    "raid0",
     "raid1",
     "raid10",
     "raid456",
@@ -982,8 +983,10 @@ printf "\nVM-BOOTED %s scenarios=%s absent=%s\n" "$(uname -r)" "$scenarios" "$ab
 # A module the kernel has built in (the command line's builtin=) is there already.
 vm_load() {{ vm_have "$1" && ! vm_listed "$1" "$builtin" || return 0; modprobe "$@" || vm_fail "modprobe $1"; }}
 # ram0-1 md0, ram2 lin0, ram3 crypt0, ram4 delay0, ram5-6 the thin pool's metadata and data,
-# ram7-8 md1 (raid10, made by the md scenario), ram9-11 md2 (raid5, the raid5 scenario).
-vm_load brd rd_nr=12 rd_size=65536
+# ram7-8 md1 (raid10), ram16-17 md4 (raid0, both made by the md scenario), ram9-11 md2 (raid5)
+# and ram12-15 md3 (raid6, both made by the raid5 scenario).
+vm_load brd rd_nr=18 rd_size=65536
+vm_load raid0
 vm_load raid1
 vm_load raid10
 vm_load dm-mod

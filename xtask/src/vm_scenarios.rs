@@ -69,10 +69,12 @@ for t in dm_snoop dm_report_json dm_report_text dm_metrics dm_window; do emit $t
 
 /// md raid1 (md0 over ram0, ram1) and raid10 (md1 over ram7, ram8), both --assume-clean: 200
 /// writes at qd 1, 100 reads at qd 2 on each; md1 and a second view of md0 traced without kprobes.
+/// Then raid0 (md4 over ram16, ram17), without kprobes: 100 page writes and 100 page reads at
+/// qd 2, 40 writes of 128 KiB at qd 1, each split across the two members.
 fn md_raid1() -> String {
     scenario(
         "md",
-        &["brd", "raid1", "raid10"],
+        &["brd", "raid0", "raid1", "raid10"],
         r#"# md1: raid10 (two near copies) over ram7 and ram8.
 mdadm --create /dev/md1 --run --force --level=10 --layout=n2 --raid-devices=2 --metadata=1.2 \
     --assume-clean /dev/ram7 /dev/ram8 || vm_fail "mdadm --create /dev/md1"
@@ -95,7 +97,23 @@ trace_start md_snoop_btf snoop --json --no-kprobes --device md0 --device md1
 /bin/iogen /dev/md1 read 100 4096 2
 for t in md_snoop md_report_json md_report_text md_snoop_btf; do trace_stop $t; done
 for t in md_snoop md_report_json md_report_text md_snoop_btf; do emit $t; done
-mdadm --stop /dev/md1 || echo "VM-WARNING mdadm --stop /dev/md1 failed""#,
+mdadm --stop /dev/md1 || echo "VM-WARNING mdadm --stop /dev/md1 failed"
+# md4: raid0 over ram16 and ram17, 64 KiB chunks, no kprobes. A page lands on one member; a
+# 128 KiB write (iogen aligns it to 256 KiB) spans two chunks and is split, a piece per member.
+mdadm --create /dev/md4 --run --force --level=0 --raid-devices=2 --chunk=64 --metadata=1.2 \
+    /dev/ram16 /dev/ram17 || vm_fail "mdadm --create /dev/md4"
+# The first open scans md4's partition table (reads): before tracing.
+/bin/iogen /dev/md4 read 1 4096 1 > /dev/null
+trace_start raid0_snoop snoop --json --no-kprobes --device md4
+trace_start raid0_report_json report --json --no-kprobes --duration 600 --device md4
+grep -E " (md4|ram16|ram17) " /proc/diskstats > /tmp/raid0_diskstats_before.out
+/bin/iogen /dev/md4 write 100 4096 2
+/bin/iogen /dev/md4 read 100 4096 2
+/bin/iogen /dev/md4 write 40 131072 1
+grep -E " (md4|ram16|ram17) " /proc/diskstats > /tmp/raid0_diskstats_after.out
+for t in raid0_snoop raid0_report_json; do trace_stop $t; done
+for t in raid0_snoop raid0_report_json raid0_diskstats_before raid0_diskstats_after; do emit $t; done
+mdadm --stop /dev/md4 || echo "VM-WARNING mdadm --stop /dev/md4 failed""#,
     )
 }
 
@@ -103,7 +121,8 @@ mdadm --stop /dev/md1 || echo "VM-WARNING mdadm --stop /dev/md1 failed""#,
 /// kprobes: 120 page writes at qd 1 (each a stripe write after a pre-read), the array marked
 /// clean (the next write waits for md to mark it dirty in every superblock), 100 page reads at
 /// qd 2 (md's aligned reads), then 64 writes of 512 bytes at qd 8 in order, four to a page.
-/// Then three levels: dm-crypt over dm-linear over md2, 100 writes and 100 reads at qd 2.
+/// Then three levels: dm-crypt over dm-linear over md2, 100 writes and 100 reads at qd 2. Then
+/// md raid6 (md3 over ram12..ram15): 60 page writes at qd 1, 60 page reads at qd 2.
 fn md_raid5() -> String {
     scenario(
         "raid5",
@@ -143,7 +162,22 @@ for t in stack3_names stack3_snoop stack3_report_json stack3_diskstats_before st
     emit $t
 done
 dmsetup remove top0 && dmsetup remove vol0 || echo "VM-WARNING dmsetup remove top0 vol0 failed"
-mdadm --stop /dev/md2 || echo "VM-WARNING mdadm --stop /dev/md2 failed""#,
+mdadm --stop /dev/md2 || echo "VM-WARNING mdadm --stop /dev/md2 failed"
+# raid6: the same personality with two parity pages a stripe (P and Q).
+mdadm --create /dev/md3 --run --force --level=6 --raid-devices=4 --chunk=64 --metadata=1.2 \
+    --assume-clean /dev/ram12 /dev/ram13 /dev/ram14 /dev/ram15 || vm_fail "mdadm --create /dev/md3"
+echo 0 > /sys/block/md3/md/safe_mode_delay
+/bin/iogen /dev/md3 write 1 4096 1 > /dev/null
+vm_until "md3 never left the clean state" grep -q '^active' /sys/block/md3/md/array_state
+trace_start raid6_snoop snoop --json --no-kprobes --device md3
+trace_start raid6_report_json report --json --no-kprobes --duration 600 --device md3
+grep -E " (md3|ram12|ram13|ram14|ram15) " /proc/diskstats > /tmp/raid6_diskstats_before.out
+/bin/iogen /dev/md3 write 60 4096 1
+/bin/iogen /dev/md3 read 60 4096 2
+grep -E " (md3|ram12|ram13|ram14|ram15) " /proc/diskstats > /tmp/raid6_diskstats_after.out
+for t in raid6_snoop raid6_report_json; do trace_stop $t; done
+for t in raid6_snoop raid6_report_json raid6_diskstats_before raid6_diskstats_after; do emit $t; done
+mdadm --stop /dev/md3 || echo "VM-WARNING mdadm --stop /dev/md3 failed""#,
     )
 }
 

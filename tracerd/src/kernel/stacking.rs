@@ -152,6 +152,8 @@ pub fn resolve_with(
         let end_io = end_io.ok_or_else(|| ChainState::Off("vmlinux BTF has no bio.bi_end_io".into()))?;
         // Superblock and bitmap writes: labelled md's own IO where the address is known.
         s.md_super_end = symbol("super_written").unwrap_or(0);
+        // raid0's split-off front pieces, chained to the rest of the bio.
+        s.chain_end = symbol("bio_chain_endio").unwrap_or(0);
         for (strukt, end) in [("md_io_clone", "md_end_clone_io"), ("md_io_acct", "md_end_io_acct")] {
             if let Ok(orig) = md.member_offset(strukt, &["orig_bio"]) {
                 (s.md_clone_end, s.md_clone_orig_bio) = (address(end)?, orig);
@@ -164,7 +166,7 @@ pub fn resolve_with(
         s.bio_bi_end_io = end_io;
         Ok("no accounting clone".into())
     });
-    chains.push(chain("md_mod", "md's accounting clones to the bio md got", md));
+    chains.push(chain("md_mod", "md's accounting clones to the bio md got (raid0's member bios)", md));
     for (module, strukt, read, write) in [
         ("raid1", "r1bio", "raid1_end_read_request", "raid1_end_write_request"),
         ("raid10", "r10bio", "raid10_end_read_request", "raid10_end_write_request"),
@@ -378,14 +380,15 @@ mod tests {
             "raid10" => (true, Some(raid10.clone())),
             _ => (false, None),
         };
-        let kallsyms = "ffffffffc0001000 t md_end_clone_io\t[md_mod]\n\
+        let kallsyms = "ffffffff81001000 t bio_chain_endio\n\
+                        ffffffffc0001000 t md_end_clone_io\t[md_mod]\n\
                         ffffffffc0002000 t raid1_end_read_request\t[raid1]\n\
                         ffffffffc0002100 t raid1_end_write_request\t[raid1]\n\
                         ffffffffc0003000 t raid10_end_read_request\t[raid10]\n\
                         ffffffffc0003100 t raid10_end_write_request\t[raid10]\n";
         let (s, chains) = resolve_with(&vmlinux, false, modules, |n| kallsyms_address(kallsyms, n));
         assert_eq!((s.links, s.bio_bi_end_io, s.md_clone_orig_bio), (1, 56, 8));
-        assert_eq!(s.md_clone_end, 0xffff_ffff_c000_1000);
+        assert_eq!((s.md_clone_end, s.chain_end), (0xffff_ffff_c000_1000, 0xffff_ffff_8100_1000));
         assert_eq!(
             (s.raid1_read_end, s.raid1_write_end, s.r1bio_master_bio),
             (0xffff_ffff_c000_2000, 0xffff_ffff_c000_2100, 40)

@@ -375,7 +375,7 @@ impl Aggregator {
             stats.errors += (rec.error != 0) as u64;
             if rec.flags & flag::UNLINKED != 0 {
                 stats.unlinked += 1;
-                stats.own[(rec.own as usize).min(own::COUNT - 1)] += 1;
+                stats.own[own::index(rec.own)] += 1;
             }
             stats.paths[path_mask(rec)] += 1;
             if rec.queue_depth != 0 {

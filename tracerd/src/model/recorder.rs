@@ -148,7 +148,7 @@ impl SeriesFrame {
             self.errors += (rec.error != 0) as u64;
             if rec.flags & flag::UNLINKED != 0 {
                 self.unlinked += 1;
-                self.own[(rec.own as usize).min(own::COUNT - 1)] += 1;
+                self.own[own::index(rec.own)] += 1;
             }
             *self.paths.entry(path_mask(rec) as u8).or_default() += 1;
             if rec.queue_depth != 0 {
