@@ -136,7 +136,7 @@ impl Drop for Cleanup {
     }
 }
 
-fn output(cmd: &mut Command) -> Result<String> {
+pub(crate) fn output(cmd: &mut Command) -> Result<String> {
     let out = cmd.output().with_context(|| format!("cannot run {cmd:?}"))?;
     if !out.status.success() {
         bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -699,7 +699,7 @@ pub fn bench(opts: Options) -> Result<()> {
 const RESULTS_PAGE: &str = "docs/internals/overhead-results.md";
 
 /// The commit the benchmark builds, marked where the tree has changes other than documents.
-fn provenance() -> Result<String> {
+pub(crate) fn provenance() -> Result<String> {
     let git = |args: &[&str]| output(Command::new("git").current_dir(root_dir()).args(args));
     let mut commit = git(&["rev-parse", "--short=12", "HEAD"])?.trim().to_owned();
     let changed = git(&["status", "--porcelain", "--untracked-files=no"])?;

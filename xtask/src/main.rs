@@ -11,6 +11,7 @@
 //!   md/dm/brd/null_blk
 
 mod bench;
+mod bench_stacks;
 mod cpio;
 mod docs;
 mod setup;
@@ -74,6 +75,13 @@ enum Cmd {
         /// Only the soak (e.g. `--soak-only --soak-seconds 600` for the 10-minute RSS check).
         #[arg(long)]
         soak_only: bool,
+        /// Instead: `tracerd run` beside biolatency on md raid5 and dm-crypt, in the VM (their
+        /// lower IO is sent from another task). `--seconds` and `--rounds` apply.
+        #[arg(long, conflicts_with = "soak_only")]
+        stacks: bool,
+        /// The VM kernel for `--stacks`.
+        #[arg(long, default_value = "6.1", requires = "stacks")]
+        kernel: String,
     },
     /// Write the reference pages generated from the code (docs/reference/cli.md, from clap).
     Docs,
@@ -116,7 +124,10 @@ fn real_main() -> Result<()> {
             run(Command::new(tracerd_bin()).args(&args), "tracerd")
         }
         Cmd::Test { unit_only, stress } => test(unit_only, stress),
-        Cmd::Bench { seconds, rounds, soak_seconds, soak_only } => {
+        Cmd::Bench { stacks: true, seconds, rounds, kernel, .. } => {
+            bench_stacks::bench_stacks(bench_stacks::Options { kernel, seconds, rounds })
+        }
+        Cmd::Bench { seconds, rounds, soak_seconds, soak_only, .. } => {
             bench::bench(bench::Options { seconds, rounds, soak_seconds, soak_only })
         }
         Cmd::Docs => docs::write(),

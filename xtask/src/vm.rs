@@ -1121,17 +1121,19 @@ pub fn build_guest_binaries() -> Result<GuestBinaries> {
     })
 }
 
-/// Boots `series` with `scenarios` (names from [`vm_scenarios::NAMES`]), checks the chain
-/// worked, and returns the run for the assertions in tests/tests/vm.rs. With `assert_results`
-/// off (one scenario, for development) only the guest's own failures fail it.
-pub fn run_scenarios(
-    series: KernelSeries,
+/// Builds `target/vm/STEM.cpio` for `kernel`: the modules of [`GUEST_MODULES`] it has, the guest
+/// binaries, `tools` (guest path, host command) with their shared libraries, and an /init that
+/// runs `scenarios_text`; boots it running the scenarios `names` and returns the console
+/// (also in `target/vm/STEM.log`) and the modules the kernel lacks.
+pub fn boot_guest(
+    kernel: &VmKernel,
     bins: &GuestBinaries,
-    scenarios: &[&str],
-    assert_results: bool,
-) -> Result<VmRun> {
-    let total = Instant::now();
-    let kernel = step(&format!("fetch kernel {}", series.name), || kernel(series))?;
+    tools: &[(&str, &str)],
+    stem: &str,
+    scenarios_text: &str,
+    names: &[&str],
+    timeout: Duration,
+) -> Result<(String, Vec<&'static str>)> {
     let absent = kernel.absent_modules(GUEST_MODULES)?;
     if !absent.is_empty() {
         eprintln!(
@@ -1143,9 +1145,9 @@ pub fn run_scenarios(
     let builtin = kernel.builtin_modules(GUEST_MODULES);
     let present: Vec<&str> =
         GUEST_MODULES.iter().copied().filter(|m| !absent.contains(m) && !builtin.contains(m)).collect();
-    let initramfs = out_dir().join(format!("tracerd-vm-{}.cpio", series.name));
+    let initramfs = out_dir().join(format!("{stem}.cpio"));
     step("build the initramfs", || {
-        let mut files = kernel.module_files(&present, &out_dir().join(series.name))?;
+        let mut files = kernel.module_files(&present, &out_dir().join(stem))?;
         files.push(("/bin/tracerd".into(), bins.tracerd.clone()));
         files.push(("/bin/iogen".into(), bins.iogen.clone()));
         // The host-kernel tests, run on this second kernel: the harness finds iogen at
@@ -1153,20 +1155,46 @@ pub fn run_scenarios(
         files.push(("/t/deps/host_kernel".into(), bins.host_tests.clone()));
         files.push(("/t/deps/cgroups".into(), bins.cgroup_tests.clone()));
         files.push(("/t/iogen".into(), bins.iogen.clone()));
-        build_initramfs(&initramfs, &files, &guest_script(&(smoke_scenario() + &vm_scenarios::all())))
+        for (guest, tool) in tools {
+            let host = which(tool).with_context(|| format!("{tool} is missing on this machine"))?;
+            for lib in shared_libraries(&host)? {
+                files.push((lib.to_string_lossy().into_owned(), lib));
+            }
+            files.push((guest.to_string(), host));
+        }
+        build_initramfs(&initramfs, &files, &guest_script(scenarios_text))
     })?;
+    let cmdline =
+        format!("scenarios={} absent={} builtin={}", names.join(","), absent.join(","), builtin.join(","));
+    let console = step(&format!("boot kernel {} ({})", kernel.version, names.join(", ")), || {
+        boot(kernel, &initramfs, &cmdline, timeout)
+    })?;
+    Ok((console, absent))
+}
+
+/// Boots `series` with `scenarios` (names from [`vm_scenarios::NAMES`]), checks the chain
+/// worked, and returns the run for the assertions in tests/tests/vm.rs. With `assert_results`
+/// off (one scenario, for development) only the guest's own failures fail it.
+pub fn run_scenarios(
+    series: KernelSeries,
+    bins: &GuestBinaries,
+    scenarios: &[&str],
+    assert_results: bool,
+) -> Result<VmRun> {
+    let total = Instant::now();
+    let kernel = step(&format!("fetch kernel {}", series.name), || kernel(series))?;
     let guest = Instant::now();
-    let cmdline = format!(
-        "scenarios={} absent={} builtin={}",
-        scenarios.join(","),
-        absent.join(","),
-        builtin.join(",")
-    );
-    let console = step(&format!("boot kernel {} ({})", kernel.version, scenarios.join(", ")), || {
-        boot(&kernel, &initramfs, &cmdline, VM_HANG)
-    })?;
+    let (console, absent) = boot_guest(
+        &kernel,
+        bins,
+        &[],
+        &format!("tracerd-vm-{}", series.name),
+        &(smoke_scenario() + &vm_scenarios::all()),
+        scenarios,
+        VM_HANG,
+    )?;
     let guest_seconds = guest.elapsed().as_secs_f64();
-    let log = initramfs.with_extension("log");
+    let log = out_dir().join(format!("tracerd-vm-{}.log", series.name));
     eprintln!("xtask: vm-test: console log: {}", log.display());
 
     let report = |problem: &str| {
