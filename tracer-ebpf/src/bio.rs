@@ -7,7 +7,7 @@ use aya_ebpf::helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns};
 use tracer_common::{BioState, IoRecord, agg, event, flag, kind, limits, lost};
 
 use crate::{
-    kernel::{Mem, bio_cgroup, bio_dev, read_current_comm},
+    kernel::{Mem, Probe, bio_cgroup, bio_dev, read_current_comm},
     maps::{BIOS, EVENTS, LINKS, commit_flags, count_lost, is_traced, layout, settings, stacking, streaming},
     slots::{copy_comm, copy_words, slot_claim, slot_free, slot_get, zero_words},
     stacking::{on_head_complete, queued_clone_upper, queued_own_kind},
@@ -95,8 +95,10 @@ pub(crate) fn on_split<M: Mem>(bio: u64) {
         // part), so a bio-based device's parts add up to what was queued, as its diskstats do.
         (*state).sector = M::read(bio, l.bio_bi_sector);
         (*state).bytes = M::read(bio, l.bio_bi_size);
-        (*parent).sector = M::read(parent_bio, l.bio_bi_sector);
-        (*parent).bytes = M::read(parent_bio, l.bio_bi_size);
+        // The parent is no argument of the tracepoint: a probe read (tp_btf may not load
+        // through a pointer it read).
+        (*parent).sector = Probe::read(parent_bio, l.bio_bi_sector);
+        (*parent).bytes = Probe::read(parent_bio, l.bio_bi_size);
     }
 }
 
