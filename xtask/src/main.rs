@@ -138,8 +138,8 @@ fn real_main() -> Result<()> {
                 vm_scenarios::NAMES.join(", ")
             );
             let bins = vm::build_guest_binaries()?;
-            for series in vm::KernelSeries::select(&kernel)? {
-                let run = vm::run_scenarios(series, &bins, &[&name], false)?;
+            for run in vm::run_kernels(&vm::KernelSeries::select(&kernel)?, &bins, &[&name], false) {
+                let run = run?;
                 println!(
                     "kernel {}: scenario {name} ran; console log: {}",
                     run.kernel.version,
@@ -266,17 +266,18 @@ fn test(unit_only: bool, stress: bool) -> Result<()> {
     Ok(())
 }
 
-/// Boots each kernel of `kernels` in turn with every scenario (about 8 minutes each under TCG,
-/// which CI's 90 minutes allow for all three) and asserts on each console log; a failing kernel
-/// does not stop the others. The dashboard test follows the first: it needs the guest's
-/// stacked-device exposition and the host kernel.
+/// Boots every kernel of `kernels` with every scenario, two at a time (17 to 25 minutes each
+/// under TCG: one after another they took 60 of CI's 90 minutes), then asserts on each console
+/// log; a failing kernel does not stop the others. The dashboard test follows the first: it
+/// needs the guest's stacked-device exposition and the host kernel.
 fn vm_tests(tally: &mut Tally, kernels: &[vm::KernelSeries], with_dashboard: bool) -> Result<()> {
     let bins = vm::build_guest_binaries()?;
+    let runs = vm::run_kernels(kernels, &bins, vm_scenarios::NAMES, true);
     let mut lines = Vec::new();
     let mut failures = Vec::new();
-    for (i, series) in kernels.iter().enumerate() {
+    for (i, (series, run)) in kernels.iter().zip(runs).enumerate() {
         let passed = tally.passed;
-        let result = vm_kernel_tests(tally, *series, &bins, with_dashboard && i == 0);
+        let result = run.and_then(|run| vm_kernel_tests(tally, run, with_dashboard && i == 0));
         let line = match &result {
             Ok(run) => format!(
                 "kernel {} ({}): scenarios {}{}: {} tests passed; guest ran {:.0} s",
@@ -314,14 +315,8 @@ fn vm_tests(tally: &mut Tally, kernels: &[vm::KernelSeries], with_dashboard: boo
     Ok(())
 }
 
-/// One kernel: boot it with every scenario, then run tests/tests/vm.rs against its console log.
-fn vm_kernel_tests(
-    tally: &mut Tally,
-    series: vm::KernelSeries,
-    bins: &vm::GuestBinaries,
-    with_dashboard: bool,
-) -> Result<vm::VmRun> {
-    let run = vm::run_scenarios(series, bins, vm_scenarios::NAMES, true)?;
+/// One kernel's finished guest run: tests/tests/vm.rs against its console log.
+fn vm_kernel_tests(tally: &mut Tally, run: vm::VmRun, with_dashboard: bool) -> Result<vm::VmRun> {
     let mut cmd = cargo(None);
     cmd.args(["test", "--release", "-p", "tracerd-tests", "--test", "vm"])
         .env("TRACERD_VM_CONSOLE", &run.log);

@@ -1172,6 +1172,50 @@ pub fn boot_guest(
     Ok((console, absent))
 }
 
+/// [`run_scenarios`] on each of `kernels`, two guests at a time: under TCG with
+/// `thread=single` a guest keeps one host core busy, and these machines have two. The longest
+/// (the last: the PREEMPT_RT build) starts first. Kernels are fetched one by one before (apt is
+/// not run twice at once). Results come back in the order of `kernels`.
+pub fn run_kernels(
+    kernels: &[KernelSeries],
+    bins: &GuestBinaries,
+    scenarios: &[&str],
+    assert_results: bool,
+) -> Vec<Result<VmRun>> {
+    let fetched: Vec<Result<()>> = kernels
+        .iter()
+        .map(|k| step(&format!("fetch kernel {}", k.name), || kernel(*k)).map(|_| ()))
+        .collect();
+    let queue = std::sync::Mutex::new((0..kernels.len()).collect::<Vec<_>>());
+    let results: Vec<std::sync::Mutex<Option<Result<VmRun>>>> =
+        kernels.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 2);
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| {
+                loop {
+                    // Its own statement: the guard must not live through the guest's run.
+                    let next = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
+                    let Some(i) = next else { break };
+                    let result = match &fetched[i] {
+                        Ok(()) => run_scenarios(kernels[i], bins, scenarios, assert_results),
+                        Err(e) => Err(anyhow::anyhow!("{e:#}")),
+                    };
+                    *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+                }
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|r| {
+            r.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .unwrap_or_else(|| Err(anyhow::anyhow!("the guest's thread ended without a result")))
+        })
+        .collect()
+}
+
 /// Boots `series` with `scenarios` (names from [`vm_scenarios::NAMES`]), checks the chain
 /// worked, and returns the run for the assertions in tests/tests/vm.rs. With `assert_results`
 /// off (one scenario, for development) only the guest's own failures fail it.
