@@ -950,12 +950,27 @@ fn nvme_controller_resets_under_io_count_each_head_bio_once_and_link_every_path_
         .unwrap()
         .split_whitespace()
         .collect();
-    let lines = json_lines("fo_snoop");
-    // Each head record follows every path request its bio took: those with its id as parent
-    // since its last record (bios are reused once complete).
+    let (heads, served, failed_over) =
+        assert_each_head_bio_served_once(&json_lines("fo_snoop"), head, &paths);
+    assert_eq!((heads, served), (3000, 3000), "each head bio counted once, served once");
+    // qemu's controller completes the requests in flight before a reset ends, so none fails
+    // over here; where one does, it is a lower IO of its bio (checked above) beside the one
+    // that served it.
+    // The paths count what the kernel counted, failed-over requests included.
+    let r = report("fo_report");
+    assert_counts_match_diskstats(&r, "fo", &paths);
+    assert_eq!(op(device(&r, head), "read")["requests"], 3000);
+    eprintln!("{}: 3000 head bios, {failed_over} path requests failed over", release());
+}
+
+/// Walks a snoop of an NVMe head over `paths`: each head record follows every path request its
+/// bio took (those naming its id as parent since its last record: bios are reused once
+/// complete); exactly one of them served it, the others failed over, and all are lower IOs of
+/// it. Returns (head bios, path requests that served one, path requests that failed over).
+fn assert_each_head_bio_served_once(lines: &[Value], head: &str, paths: &[&str]) -> (u64, u64, u64) {
     let mut waiting: BTreeMap<&str, Vec<&Value>> = BTreeMap::new();
     let (mut heads, mut served, mut failed_over) = (0, 0, 0);
-    for l in &lines {
+    for l in lines {
         if paths.iter().any(|p| l["device"] == *p) {
             assert_eq!(l["kind"], "request", "{l}");
             let parent = l["parent"].as_str().unwrap_or_else(|| panic!("a path request not linked: {l}"));
@@ -973,15 +988,31 @@ fn nvme_controller_resets_under_io_count_each_head_bio_once_and_link_every_path_
         }
     }
     assert!(waiting.values().all(Vec::is_empty), "path requests with no head bio: {waiting:?}");
-    assert_eq!((heads, served), (3000, 3000), "each head bio counted once, served once");
-    // qemu's controller completes the requests in flight before a reset ends, so none fails
-    // over here; where one does, it is a lower IO of its bio (checked above) beside the one
-    // that served it.
-    // The paths count what the kernel counted, failed-over requests included.
-    let r = report("fo_report");
-    assert_counts_match_diskstats(&r, "fo", &paths);
-    assert_eq!(op(device(&r, head), "read")["requests"], 3000);
-    eprintln!("{}: 3000 head bios, {failed_over} path requests failed over", release());
+    (heads, served, failed_over)
+}
+
+#[test]
+fn nvme_ana_failover_under_io_counts_each_head_bio_once_and_links_the_failed_over_request() {
+    if !ran("ana") {
+        return;
+    }
+    // NVMe/TCP on loopback: port 1's ANA group flips to inaccessible and back five times
+    // under 600 reads at qd 16. A command sent through it then fails with an ANA status and
+    // NVMe sends the bio down the other path: the request that failed is flagged failed over
+    // and is a lower IO of the bio beside the one that served it.
+    let setup = section("ana_setup");
+    let head =
+        setup.split_whitespace().find_map(|w| w.strip_prefix("head=")).unwrap_or_else(|| panic!("{setup}"));
+    let paths: Vec<&str> = setup.split("paths=").nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(paths.len(), 2, "{setup}");
+    let (heads, served, failed_over) =
+        assert_each_head_bio_served_once(&json_lines("ana_snoop"), head, &paths);
+    assert_eq!((heads, served), (600, 600), "each head bio counted once, served once");
+    assert!(failed_over >= 1, "no request failed over in five ANA transitions under IO");
+    let r = report("ana_report");
+    assert_counts_match_diskstats(&r, "ana", &paths);
+    assert_eq!(op(device(&r, head), "read")["requests"], 600);
+    eprintln!("{}: 600 head bios, {failed_over} path requests failed over", release());
 }
 
 #[test]

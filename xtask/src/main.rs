@@ -92,7 +92,7 @@ enum Cmd {
         #[arg(long, default_value = "all")]
         kernel: String,
         /// Run only this scenario (smoke, doctor, dm, dmx, md, raid5, nullb, mp, drivers, failover,
-        /// host, cg) and keep the console log, without the assertions: for developing a scenario.
+        /// ana, host, cg) and keep the console log, without the assertions: for developing a scenario.
         #[arg(long)]
         scenario: Option<String>,
     },

@@ -66,6 +66,10 @@ pub const GUEST_MODULES: &[&str] = &[
     // modules in Debian's builds (mq-deadline is built in).
     "virtio_pci",
     "nvme",
+    // NVMe over TCP on loopback, the kernel's own target: ANA failover.
+    "nvmet",
+    "nvmet-tcp",
+    "nvme-tcp",
     "virtio_blk",
     "virtio_scsi",
     "sd_mod",
@@ -984,8 +988,9 @@ printf "\nVM-BOOTED %s scenarios=%s absent=%s\n" "$(uname -r)" "$scenarios" "$ab
 vm_load() {{ vm_have "$1" && ! vm_listed "$1" "$builtin" || return 0; modprobe "$@" || vm_fail "modprobe $1"; }}
 # ram0-1 md0, ram2 lin0, ram3 crypt0, ram4 delay0, ram5-6 the thin pool's metadata and data,
 # ram7-8 md1 (raid10), ram16-17 md4 (raid0, both made by the md scenario), ram9-11 md2 (raid5)
-# and ram12-15 md3 (raid6, both made by the raid5 scenario).
-vm_load brd rd_nr=18 rd_size=65536
+# and ram12-15 md3 (raid6, both made by the raid5 scenario), ram18 the NVMe/TCP namespace (the
+# ana scenario).
+vm_load brd rd_nr=19 rd_size=65536
 vm_load raid0
 vm_load raid1
 vm_load raid10
@@ -1002,6 +1007,9 @@ vm_load dm-round-robin
 vm_load loop
 vm_load virtio_pci
 vm_load nvme
+vm_load nvmet
+vm_load nvmet-tcp
+vm_load nvme-tcp
 vm_load virtio_blk
 vm_load virtio_scsi
 vm_load sd_mod

@@ -346,6 +346,73 @@ for t in fo_iogen fo_before fo_after fo_snoop fo_report; do emit $t; done"#,
     )
 }
 
+/// NVMe multipath over NVMe/TCP on loopback (the kernel's own target, nvmet): one namespace
+/// (ram18) behind two ports, both ANA-optimized, one controller each, round-robin. 600 reads
+/// at qd 16 on the head while port 1's ANA group is made inaccessible and optimized again,
+/// five times: a command that reaches the target through an inaccessible port fails with an
+/// ANA status, and NVMe sends its bio down the other path (a failover, not a drain).
+fn nvme_ana_failover() -> String {
+    scenario(
+        "ana",
+        &["brd", "nvmet", "nvmet-tcp", "nvme-tcp"],
+        r#"mountpoint -q /sys/kernel/config || mount -t configfs configfs /sys/kernel/config
+ip link set lo up
+cfs=/sys/kernel/config/nvmet
+nqn=tracerd-ana
+mkdir $cfs/subsystems/$nqn && echo 1 > $cfs/subsystems/$nqn/attr_allow_any_host || vm_fail "nvmet subsystem"
+mkdir $cfs/subsystems/$nqn/namespaces/1
+echo /dev/ram18 > $cfs/subsystems/$nqn/namespaces/1/device_path
+echo 1 > $cfs/subsystems/$nqn/namespaces/1/enable || vm_fail "nvmet namespace on ram18"
+for p in 1 2; do
+    mkdir $cfs/ports/$p
+    echo tcp > $cfs/ports/$p/addr_trtype
+    echo ipv4 > $cfs/ports/$p/addr_adrfam
+    echo 127.0.0.1 > $cfs/ports/$p/addr_traddr
+    echo 442$p > $cfs/ports/$p/addr_trsvcid
+    ln -s $cfs/subsystems/$nqn $cfs/ports/$p/subsystems/$nqn || vm_fail "nvmet port $p"
+    echo "transport=tcp,traddr=127.0.0.1,trsvcid=442$p,nqn=$nqn" > /dev/nvme-fabrics || vm_fail "connect to port $p"
+done
+ana_subsys() { for s in /sys/class/nvme-subsystem/*; do [ "$(cat $s/subsysnqn 2>/dev/null)" = $nqn ] && basename $s; done; }
+ana_has_subsys() { [ -n "$(ana_subsys)" ]; }
+vm_until "the NVMe/TCP subsystem never appeared" ana_has_subsys
+subsys=$(ana_subsys)
+ana_paths() { ls -d /sys/class/nvme-subsystem/$subsys/nvme*/nvme*c*n* 2>/dev/null | xargs -n1 basename | sort -u; }
+ana_two_paths() { [ "$(ana_paths | wc -l)" = 2 ]; }
+vm_until "the two NVMe/TCP paths never appeared" ana_two_paths
+paths=$(ana_paths | tr '\n' ' ')
+head=$(echo ${paths%% *} | sed 's/c[0-9]*n/n/')
+vm_until "/dev/$head never appeared" test -b /dev/$head
+echo round-robin > /sys/class/nvme-subsystem/$subsys/iopolicy
+# Whatever the kernel reads of a new disk (its partition table), before tracing.
+/bin/iogen /dev/$head read 1 4096 1 > /dev/null
+disks=$(echo $head $paths | tr ' ' '|')
+echo "VM-RESULT-BEGIN ana_setup"
+echo "head=$head paths=$paths"
+echo "VM-RESULT-END ana_setup"
+trace_start ana_snoop snoop --json --device $head
+trace_start ana_report report --json --duration 600 --device $head
+grep -E " ($disks) " /proc/diskstats > /tmp/ana_before.out
+/bin/iogen /dev/$head read 600 4096 16 > /tmp/ana_iogen.out &
+io=$!
+for i in 1 2 3 4 5; do
+    kill -0 $io 2>/dev/null || break
+    echo inaccessible > $cfs/ports/1/ana_groups/1/ana_state
+    sleep 0.5
+    echo optimized > $cfs/ports/1/ana_groups/1/ana_state
+    sleep 0.5
+done
+wait $io || echo "VM-WARNING iogen on $head failed"
+for d in $paths; do vm_idle $d; done
+grep -E " ($disks) " /proc/diskstats > /tmp/ana_after.out
+for t in ana_snoop ana_report; do trace_stop $t; done
+for t in ana_iogen ana_before ana_after ana_snoop ana_report; do emit $t; done
+for c in /sys/class/nvme-subsystem/$subsys/nvme*; do [ -e $c/delete_controller ] && echo 1 > $c/delete_controller; done
+for p in 1 2; do rm $cfs/ports/$p/subsystems/$nqn; rmdir $cfs/ports/$p; done
+echo 0 > $cfs/subsystems/$nqn/namespaces/1/enable
+rmdir $cfs/subsystems/$nqn/namespaces/1 $cfs/subsystems/$nqn || echo "VM-WARNING nvmet teardown failed""#,
+    )
+}
+
 /// The host-kernel integration tests (tests/tests/host_kernel.rs), on this second kernel. fio
 /// is not in the guest (its libraries are ~80 MB): that one test says so and skips.
 fn host_tests() -> String {
@@ -393,8 +460,9 @@ for t in doctor_json doctor_text; do emit $t; done"#,
 }
 
 /// Every scenario name, in the order they run (the smoke scenario is written in vm.rs).
-pub const NAMES: &[&str] =
-    &["smoke", "doctor", "dm", "dmx", "md", "raid5", "nullb", "mp", "drivers", "failover", "host", "cg"];
+pub const NAMES: &[&str] = &[
+    "smoke", "doctor", "dm", "dmx", "md", "raid5", "nullb", "mp", "drivers", "failover", "ana", "host", "cg",
+];
 
 /// Every scenario but smoke, in order.
 pub fn all() -> String {
@@ -409,6 +477,7 @@ pub fn all() -> String {
         dm_multipath(),
         real_drivers(),
         nvme_failover(),
+        nvme_ana_failover(),
         host_tests(),
         cgroup_tests(),
     ]
