@@ -996,10 +996,11 @@ fn nvme_ana_failover_under_io_counts_each_head_bio_once_and_links_the_failed_ove
     if !ran("ana") {
         return;
     }
-    // NVMe/TCP on loopback: port 1's ANA group flips to inaccessible and back five times
-    // under 600 reads at qd 16. A command sent through it then fails with an ANA status and
-    // NVMe sends the bio down the other path: the request that failed is flagged failed over
-    // and is a lower IO of the bio beside the one that served it.
+    // NVMe/TCP on loopback, 2000 reads at qd 16: port 1 goes away with requests in flight and
+    // comes back, then its ANA group flips to inaccessible and back four times. The requests
+    // on the lost connection, and a command sent through the inaccessible port, fail, and NVMe
+    // sends their bios down the other path: each failed request is flagged failed over and is
+    // a lower IO of its bio beside the one that served it.
     let setup = section("ana_setup");
     let head =
         setup.split_whitespace().find_map(|w| w.strip_prefix("head=")).unwrap_or_else(|| panic!("{setup}"));
@@ -1007,12 +1008,12 @@ fn nvme_ana_failover_under_io_counts_each_head_bio_once_and_links_the_failed_ove
     assert_eq!(paths.len(), 2, "{setup}");
     let (heads, served, failed_over) =
         assert_each_head_bio_served_once(&json_lines("ana_snoop"), head, &paths);
-    assert_eq!((heads, served), (600, 600), "each head bio counted once, served once");
-    assert!(failed_over >= 1, "no request failed over in five ANA transitions under IO");
+    assert_eq!((heads, served), (2000, 2000), "each head bio counted once, served once");
+    assert!(failed_over >= 1, "no request failed over: a lost connection and four ANA transitions under IO");
     let r = report("ana_report");
     assert_counts_match_diskstats(&r, "ana", &paths);
-    assert_eq!(op(device(&r, head), "read")["requests"], 600);
-    eprintln!("{}: 600 head bios, {failed_over} path requests failed over", release());
+    assert_eq!(op(device(&r, head), "read")["requests"], 2000);
+    eprintln!("{}: 2000 head bios, {failed_over} path requests failed over", release());
 }
 
 #[test]

@@ -347,22 +347,23 @@ for t in fo_iogen fo_before fo_after fo_snoop fo_report; do emit $t; done"#,
 }
 
 /// NVMe multipath over NVMe/TCP on loopback (the kernel's own target, nvmet): one namespace
-/// (ram18) behind two ports, both ANA-optimized, one controller each, round-robin. 600 reads
-/// at qd 16 on the head while port 1's ANA group is made inaccessible and optimized again,
-/// five times: a command that reaches the target through an inaccessible port fails with an
-/// ANA status, and NVMe sends its bio down the other path (a failover, not a drain).
+/// (nullb5: 50 ms a read, so requests stay in flight) behind two ports, both ANA-optimized, one
+/// controller each, round-robin. 2000 reads at qd 16 on the head (about 6 s) while port 1 is removed and added back (its connection drops with
+/// requests in flight), then its ANA group is made inaccessible and optimized again four
+/// times (a command that reaches the target through an inaccessible port fails with an ANA
+/// status). Either way NVMe sends the bio down the other path: a failover, not a drain.
 fn nvme_ana_failover() -> String {
     scenario(
         "ana",
-        &["brd", "nvmet", "nvmet-tcp", "nvme-tcp"],
-        r#"mountpoint -q /sys/kernel/config || mount -t configfs configfs /sys/kernel/config
+        &["null_blk", "nvmet", "nvmet-tcp", "nvme-tcp"],
+        r#"grep -q ' /sys/kernel/config ' /proc/mounts || mount -t configfs configfs /sys/kernel/config
 ip link set lo up
 cfs=/sys/kernel/config/nvmet
 nqn=tracerd-ana
 mkdir $cfs/subsystems/$nqn && echo 1 > $cfs/subsystems/$nqn/attr_allow_any_host || vm_fail "nvmet subsystem"
 mkdir $cfs/subsystems/$nqn/namespaces/1
-echo /dev/ram18 > $cfs/subsystems/$nqn/namespaces/1/device_path
-echo 1 > $cfs/subsystems/$nqn/namespaces/1/enable || vm_fail "nvmet namespace on ram18"
+echo /dev/nullb5 > $cfs/subsystems/$nqn/namespaces/1/device_path
+echo 1 > $cfs/subsystems/$nqn/namespaces/1/enable || vm_fail "nvmet namespace on nullb5"
 for p in 1 2; do
     mkdir $cfs/ports/$p
     echo tcp > $cfs/ports/$p/addr_trtype
@@ -370,7 +371,9 @@ for p in 1 2; do
     echo 127.0.0.1 > $cfs/ports/$p/addr_traddr
     echo 442$p > $cfs/ports/$p/addr_trsvcid
     ln -s $cfs/subsystems/$nqn $cfs/ports/$p/subsystems/$nqn || vm_fail "nvmet port $p"
-    echo "transport=tcp,traddr=127.0.0.1,trsvcid=442$p,nqn=$nqn" > /dev/nvme-fabrics || vm_fail "connect to port $p"
+    # A lost connection is retried every second (the default is 10 s).
+    echo "transport=tcp,traddr=127.0.0.1,trsvcid=442$p,nqn=$nqn,reconnect_delay=1" > /dev/nvme-fabrics \
+        || vm_fail "connect to port $p"
 done
 ana_subsys() { for s in /sys/class/nvme-subsystem/*; do [ "$(cat $s/subsysnqn 2>/dev/null)" = $nqn ] && basename $s; done; }
 ana_has_subsys() { [ -n "$(ana_subsys)" ]; }
@@ -392,9 +395,16 @@ echo "VM-RESULT-END ana_setup"
 trace_start ana_snoop snoop --json --device $head
 trace_start ana_report report --json --duration 600 --device $head
 grep -E " ($disks) " /proc/diskstats > /tmp/ana_before.out
-/bin/iogen /dev/$head read 600 4096 16 > /tmp/ana_iogen.out &
+/bin/iogen /dev/$head read 2000 4096 16 > /tmp/ana_iogen.out &
 io=$!
-for i in 1 2 3 4 5; do
+path1=${paths%% *}
+# Port 1 goes away with requests in flight on its path (the target drops the connection: they
+# fail over), and comes back; then its ANA group flips inaccessible and back four times.
+vm_until "no IO on $path1" sh -c "! kill -0 $io 2>/dev/null || ! grep -q '^ *0 *0$' /sys/block/$path1/inflight"
+rm $cfs/ports/1/subsystems/$nqn
+sleep 1
+ln -s $cfs/subsystems/$nqn $cfs/ports/1/subsystems/$nqn
+for i in 1 2 3 4; do
     kill -0 $io 2>/dev/null || break
     echo inaccessible > $cfs/ports/1/ana_groups/1/ana_state
     sleep 0.5
