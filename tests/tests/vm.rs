@@ -615,12 +615,10 @@ fn multipath_records(name: &str) -> (Vec<Value>, Vec<Value>) {
     (uppers, lowers)
 }
 
-#[test]
-fn request_based_dm_links_each_request_to_its_clone() {
-    if !ran("mp") {
-        return;
-    }
-    let (uppers, lowers) = multipath_records("mp_snoop");
+/// Each of 100 reads and 50 writes on dm-1 linked to its own clone request on nullb6.
+/// `kprobes`: the kprobe on `dm_mq_queue_rq` was attached, and timed each dispatch.
+fn assert_each_request_linked_to_its_clone(snoop: &str, kprobes: bool) {
+    let (uppers, lowers) = multipath_records(snoop);
     let by_op = |v: &[Value]| count_by(&v.iter().collect::<Vec<_>>(), |l| l["op"].as_str().unwrap().into());
     let want = BTreeMap::from([("read".to_string(), 100), ("write".to_string(), 50)]);
     assert_eq!(by_op(&uppers), want, "dm-1 requests");
@@ -632,9 +630,18 @@ fn request_based_dm_links_each_request_to_its_clone() {
         assert_eq!(layers[0]["lower"], "nullb6");
         assert_eq!(layers[0]["ios"], 1, "one clone per request: {u}");
         assert_layers_add_up(u);
-        assert!(u["submit_ns"].as_u64().unwrap_or(0) > 0, "dm_mq_queue_rq timed: {u}");
+        let submit_ns = u["submit_ns"].as_u64().unwrap_or(0);
+        assert_eq!(submit_ns > 0, kprobes, "dm_mq_queue_rq timed only by its kprobe: {u}");
     }
     assert!(lowers.iter().all(|l| l["parent"].is_string()), "every clone request came from dm-1");
+}
+
+#[test]
+fn request_based_dm_links_each_request_to_its_clone() {
+    if !ran("mp") {
+        return;
+    }
+    assert_each_request_linked_to_its_clone("mp_snoop", true);
     let r = report("mp_report_json");
     for (reason, n) in r["lost"].as_object().unwrap() {
         assert_eq!(n, 0, "lost {reason} at queue depth 1 (dm's end of a request is no lost event)");
@@ -642,6 +649,14 @@ fn request_based_dm_links_each_request_to_its_clone() {
     for (dev, n) in [("dm-1", 100), ("nullb6", 100)] {
         assert_eq!(op(device(&r, dev), "read")["requests"], n, "{dev} reads in report");
     }
+}
+
+#[test]
+fn request_based_dm_links_each_clone_from_dms_structs_without_kprobes() {
+    if !ran("mp") {
+        return;
+    }
+    assert_each_request_linked_to_its_clone("mpb_snoop", false);
 }
 
 /// At depth 8 a clone's completion (hard interrupt) can arrive while the same tracer's completion
@@ -756,7 +771,7 @@ fn doctor_chooses_what_this_kernel_must_get() {
     );
     assert!(load["detail"].as_str().unwrap().contains(&want), "{release}: {load}");
     // The stacked drivers' structs, from their modules' BTF (loaded by the prologue).
-    for module in ["dm_mod", "dm_crypt", "md_mod", "raid1", "raid10", "raid456"] {
+    for module in ["dm_mod", "dm_mod/request", "dm_crypt", "md_mod", "raid1", "raid10", "raid456"] {
         let c = checks.iter().find(|c| c["name"] == format!("module_btf:{module}")).expect(module);
         assert_eq!(c["status"], "ok", "{release}: {c}");
         assert!(c["detail"].as_str().unwrap().starts_with("links "), "{release}: {c}");

@@ -312,6 +312,14 @@ pub struct StackLayout {
     /// Non-zero while an NVMe multipath path disk is traced: only then is a remap of a bio
     /// already queued looked for (two slot lookups on every remap).
     pub paths: u32,
+    /// Request-based dm (dm_mod BTF, vmlinux BTF, /proc/kallsyms): a clone request whose
+    /// `end_io` is `end_clone_request` names its `dm_rq_target_io` in `end_io_data`, whose
+    /// `orig` is the request dm got. `dm_rq_end` is 0 where unresolved.
+    pub rq_end_io: u32,
+    pub rq_end_io_data: u32,
+    pub rq_tio_orig: u32,
+    pub _pad2: u32,
+    pub dm_rq_end: u64,
 }
 
 /// Sectors of one raid5 stripe page (`RAID5_STRIPE_SECTORS`): md's default stripe size of

@@ -350,6 +350,15 @@ fn emit_head(bio: u64, head: *mut BioState, completed: u64) {
     entry.submit(commit_flags());
 }
 
+/// The upper IO this task is submitting on `upper_dev` (the submit kprobes' `SUBMITTING`). A
+/// partition remap of the same bio, or a remap by another layer, is not on `upper_dev`.
+#[inline(always)]
+fn submitting_on(upper_dev: u32) -> Option<u64> {
+    // SAFETY: copy out of a map value.
+    let sub = (unsafe { SUBMITTING.get(&thread_id()) }).copied()?;
+    (sub.dev == upper_dev).then_some(sub.bio)
+}
+
 /// A stacked device (dm, md) sent `lower` down; `upper_dev` is its own device. The upper bio
 /// is the one dm's structs name, else the one this task is submitting (the submit kprobes).
 pub(crate) fn on_bio_remap(lower: u64, upper_dev: u32) {
@@ -359,20 +368,11 @@ pub(crate) fn on_bio_remap(lower: u64, upper_dev: u32) {
     }
     let Some(s) = stacking() else { return };
     let l = layout();
-    let upper = match dm_upper(l, s, lower).or_else(|| md_upper(l, s, lower, upper_dev)) {
-        Some(upper) => upper,
-        None => {
-            // SAFETY: copy out of a map value.
-            let Some(sub) = (unsafe { SUBMITTING.get(&thread_id()) }).copied() else {
-                return;
-            };
-            // A partition remap of the same bio, or a remap by another layer, is not this
-            // upper bio's.
-            if sub.dev != upper_dev {
-                return;
-            }
-            sub.bio
-        }
+    let Some(upper) = dm_upper(l, s, lower)
+        .or_else(|| md_upper(l, s, lower, upper_dev))
+        .or_else(|| submitting_on(upper_dev))
+    else {
+        return;
     };
     // A partition remap of the bio being submitted: not a lower IO of its own.
     if upper == lower {
@@ -383,21 +383,31 @@ pub(crate) fn on_bio_remap(lower: u64, upper_dev: u32) {
     }
 }
 
-/// Request-based dm sent the clone request `lower` down; the upper request is the one this task
-/// is dispatching (known from the kprobe on `dm_mq_queue_rq`).
+/// The request a request-based dm clone was made from, as dm states it: a clone ending in
+/// `end_clone_request` names its `dm_rq_target_io` in `end_io_data`, whose `orig` is it.
+#[inline(always)]
+fn dm_rq_original(clone: u64, upper_dev: u32) -> Option<u64> {
+    let s = stacking()?;
+    if s.dm_rq_end == 0 || Probe::read::<u64>(clone, s.rq_end_io) != s.dm_rq_end {
+        return None;
+    }
+    let tio: u64 = Probe::read(clone, s.rq_end_io_data);
+    let orig: u64 = if tio == 0 { 0 } else { Probe::read(tio, s.rq_tio_orig) };
+    (orig != 0 && rq_disk::<Probe>(layout(), orig) == upper_dev).then_some(orig)
+}
+
+/// Request-based dm sent the clone request `lower` down: linked to the request dm got, from
+/// dm's structs where its BTF gave them, else to the request this task is dispatching (known
+/// from the kprobe on `dm_mq_queue_rq`).
 pub(crate) fn on_rq_remap(lower: u64, upper_dev: u32) {
     let lower = scalar(lower);
-    // SAFETY: copy out of a map value.
-    let Some(sub) = (unsafe { SUBMITTING.get(&thread_id()) }).copied() else {
+    let Some(upper) = dm_rq_original(lower, upper_dev).or_else(|| submitting_on(upper_dev)) else {
         return;
     };
-    if sub.dev != upper_dev {
-        return;
-    }
-    if LINKS.insert(&lower, &sub.bio, 0).is_err() {
+    if LINKS.insert(&lower, &upper, 0).is_err() {
         count_lost(lost::LINK_MAP_FULL);
     }
-    if let Some(upper) = slot_get(&REQUESTS, limits::REQUEST_SLOTS, sub.bio) {
+    if let Some(upper) = slot_get(&REQUESTS, limits::REQUEST_SLOTS, upper) {
         // SAFETY: map value pointer from a successful lookup.
         unsafe { (*upper).record.flags |= flag::CLONED };
     }

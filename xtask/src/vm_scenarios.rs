@@ -200,9 +200,10 @@ emit nullb_snoop"#,
     )
 }
 
-/// Request-based dm (multipath mp0 = dm-1 over nullb6): 100 reads, then 50 writes, at qd 1;
-/// then 400 reads at qd 8, where a clone's completion in a hard interrupt can land while the
-/// completion program runs in dm's soft interrupt (the kernel skips it: `recursion`).
+/// Request-based dm (multipath mp0 = dm-1 over nullb6): 100 reads, then 50 writes, at qd 1,
+/// with the kprobes and again without (linked from dm's structs alone); then 400 reads at qd 8,
+/// where a clone's completion in a hard interrupt can land while the completion program runs in
+/// dm's soft interrupt (the kernel skips it: `recursion`).
 fn dm_multipath() -> String {
     scenario(
         "mp",
@@ -214,6 +215,12 @@ trace_start mp_report_json report --json --duration 600 --device dm-1
 vm_idle dm-1
 for t in mp_snoop mp_report_json; do trace_stop $t; done
 for t in mp_snoop mp_report_json; do emit $t; done
+trace_start mpb_snoop snoop --json --no-kprobes --device dm-1
+/bin/iogen /dev/dm-1 read 100 4096 1
+/bin/iogen /dev/dm-1 write 50 4096 1
+vm_idle dm-1
+trace_stop mpb_snoop
+emit mpb_snoop
 trace_start mp8_snoop snoop --json --device dm-1
 trace_start mp8_report_json report --json --duration 600 --device dm-1
 /bin/iogen /dev/dm-1 read 400 4096 8

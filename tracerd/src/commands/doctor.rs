@@ -165,7 +165,7 @@ fn chain_checks(chains: &[Chain]) -> Vec<Check> {
     chains
         .iter()
         .map(|c| {
-            let name = format!("module_btf:{}", c.module);
+            let name = format!("module_btf:{}", c.name);
             let detail = stacking::describe(c);
             match c.state {
                 ChainState::Linked(_) | ChainState::NotLoaded => Check::new(name, Status::Ok, detail),

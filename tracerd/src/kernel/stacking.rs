@@ -17,6 +17,9 @@ pub const BTF_DIR: &str = "/sys/kernel/btf";
 pub struct Chain {
     /// The module whose BTF holds the structs.
     pub module: &'static str,
+    /// The chain's name where `tracerd doctor` checks it: the module's, or for a module with
+    /// more than one chain, `module/what`.
+    pub name: &'static str,
     /// What the chain links.
     pub links: &'static str,
     pub state: ChainState,
@@ -137,6 +140,35 @@ pub fn resolve_with(
     });
     chains.push(chain("dm_crypt", "dm-crypt's clones (reads, and writes from its threads)", crypt));
 
+    // Request-based dm (multipath): the clone request dm dispatches ends in end_clone_request,
+    // and its end_io_data is the dm_rq_target_io, whose orig is the request dm got.
+    let dm_rq = load("dm_mod").and_then(|dm| {
+        let orig = dm
+            .member_offset("dm_rq_target_io", &["orig"])
+            .map_err(|e| ChainState::Off(format!("dm_mod's BTF: {e}")))?;
+        let field = |member: &str| {
+            vmlinux
+                .member_offset("request", &[member])
+                .map_err(|e| ChainState::Off(format!("vmlinux BTF: {e}")))
+        };
+        let (end_io, end_io_data) = (field("end_io")?, field("end_io_data")?);
+        let end = symbol("dm_mod:end_clone_request").or_else(|| symbol("end_clone_request")).ok_or_else(|| {
+            ChainState::Off(format!(
+                "end_clone_request has no address in {KALLSYMS} (absent, or hidden by kernel.kptr_restrict)"
+            ))
+        })?;
+        (s.rq_end_io, s.rq_end_io_data, s.rq_tio_orig, s.dm_rq_end) = (end_io, end_io_data, orig, end);
+        Ok(format!("dm_rq_target_io.orig at {orig}, request.end_io_data at {end_io_data}"))
+    });
+    chains.push(Chain {
+        name: "dm_mod/request",
+        ..chain(
+            "dm_mod",
+            "request-based dm's clone requests (multipath) to the request they were made from, from any task",
+            dm_rq,
+        )
+    });
+
     // md: member bios of raid1 and raid10 name their r1bio/r10bio, whose master_bio is the upper
     // bio or md's accounting clone of it (6.1's md_io_acct, 6.12's md_io_clone).
     let address = |name: &str| {
@@ -246,9 +278,12 @@ pub fn resolve_with(
         raid5,
     ));
 
-    s.links =
-        (kprobes || s.dm != 0 || s.raid1_read_end != 0 || s.raid10_read_end != 0 || s.raid5_read_end != 0)
-            as u32;
+    s.links = (kprobes
+        || s.dm != 0
+        || s.dm_rq_end != 0
+        || s.raid1_read_end != 0
+        || s.raid10_read_end != 0
+        || s.raid5_read_end != 0) as u32;
     (s, chains)
 }
 
@@ -257,7 +292,7 @@ fn chain(module: &'static str, links: &'static str, result: Result<String, Chain
         Ok(how) => ChainState::Linked(how),
         Err(state) => state,
     };
-    Chain { module, links, state }
+    Chain { module, name: module, links, state }
 }
 
 /// Whether resolving again could give more: a chain waits for its module.
@@ -293,6 +328,7 @@ mod tests {
         let u16t = base.int("short unsigned int", 2);
         let u64t = base.int("long long unsigned int", 8);
         let bio = base.strukt("bio", 4, 128, &[("bi_next", u64t, 0), ("bi_flags", u16t, 20)]);
+        base.strukt("request", 4, 288, &[("q", u64t, 0), ("end_io", u64t, 240), ("end_io_data", u64t, 248)]);
         base.enumeration("", &[("BIO_NO_PAGE_REF", 0), ("BIO_CLONED", 1)]);
         let btf = Btf::parse(&base.build()).unwrap();
         (base, btf, [u16t, u64t, bio])
@@ -305,6 +341,7 @@ mod tests {
         let io = dm.strukt("dm_io", 4, 200, &[("magic", u16t, 0), ("orig_bio", u64t, 96)]);
         let io_ptr = dm.ptr(io);
         dm.strukt("dm_target_io", 4, 168, &[("magic", u16t, 0), ("io", io_ptr, 8), ("clone", bio, 40)]);
+        dm.strukt("dm_rq_target_io", 4, 400, &[("md", u64t, 0), ("ti", u64t, 8), ("orig", u64t, 16)]);
         let mut crypt = Builder::split(&base);
         crypt.strukt("dm_crypt_io", 4, 64, &[("cc", u64t, 0), ("base_bio", u64t, 8)]);
         (vmlinux, dm.build(), crypt.build())
@@ -321,14 +358,18 @@ mod tests {
                 "dm_crypt" => (true, Some(crypt.clone())),
                 _ => (false, None),
             },
-            |_| None,
+            |n| (n == "dm_mod:end_clone_request").then_some(0xffff_ffff_c000_1000),
         );
         assert_eq!((s.links, s.dm, s.crypt), (1, 1, 1));
+        assert_eq!(
+            (s.rq_end_io, s.rq_end_io_data, s.rq_tio_orig, s.dm_rq_end),
+            (240, 248, 16, 0xffff_ffff_c000_1000)
+        );
         assert_eq!((s.tio_clone, s.tio_magic, s.tio_io, s.io_magic, s.io_orig_bio), (40, 0, 8, 0, 96));
         assert_eq!((s.bio_bi_flags, s.bio_cloned_bit, s.crypt_io_base_bio), (20, 1, 8));
         let dm_chains = chains.iter().filter(|c| c.module.starts_with("dm_"));
         assert!(
-            dm_chains.clone().count() == 2
+            dm_chains.clone().count() == 3
                 && dm_chains.clone().all(|c| matches!(c.state, ChainState::Linked(_)))
         );
         assert!(
@@ -359,6 +400,9 @@ mod tests {
         assert_eq!((s.dm, s.crypt), (1, 0));
         let crypt = describe(&chains[1]);
         assert!(crypt.contains("CONFIG_DEBUG_INFO_BTF_MODULES") && crypt.contains("not linked"), "{crypt}");
+        let rq = describe(&chains[2]);
+        assert!(rq.contains("end_clone_request has no address") && rq.contains("multipath"), "{rq}");
+        assert_eq!((s.dm_rq_end, s.links), (0, 1), "dm's bio chain still links");
     }
 
     #[test]
