@@ -437,27 +437,13 @@ fn md_raid5_links_member_data_to_its_upper_bios_and_names_md_s_own_io() {
     assert_eq!(by, want, "md2's IOs");
     // Each upper IO's data is on one member page: one lower IO on one member, whichever task
     // sent it, also where one member write carries four 512-byte writes of a page.
-    for u in &uppers {
-        let layers = u["layers"].as_array().unwrap_or_else(|| panic!("md2: an IO not linked: {u}"));
-        assert_eq!(layers.len(), 1, "md2: one member holds the data: {u}");
-        assert!(members.iter().any(|m| layers[0]["lower"] == *m) && layers[0]["ios"] == 1, "{u}");
-        assert_layers_add_up(u);
-    }
-    // Every member IO is either linked or named as md's own; none is left unexplained.
-    let below: Vec<&Value> = lines.iter().filter(|l| members.iter().any(|m| l["device"] == *m)).collect();
-    let kinds = count_by(&below, |l| match (&l["parent"], &l["unlinked"]) {
-        (Value::String(_), Value::Null) => format!("linked {}", l["op"].as_str().unwrap()),
-        (Value::Null, Value::String(kind)) => format!("{kind} {}", l["op"].as_str().unwrap()),
-        _ => panic!("a member IO is neither linked nor unlinked: {l}"),
-    });
+    let (below, kinds) = raid5_member_kinds(&lines, &uppers, &members);
     let n = |k: &str| kinds.get(k).copied().unwrap_or(0);
     assert_eq!(n("linked read"), 100, "aligned reads, one member read each: {kinds:?}");
     // The page writes: one member write each (and a parity write each, at qd 1). The small
     // writes: four to a page, 16 pages, so between 16 and 64 member writes.
     assert!((120 + 16..=120 + 64).contains(&n("linked write")), "{kinds:?}");
     assert!(n("parity write") >= 120 + 16, "{kinds:?}");
-    let known = ["linked read", "linked write", "parity write", "preread read", "superblock write"];
-    assert!(kinds.keys().all(|k| known.contains(&k.as_str())), "member IO md did not explain: {kinds:?}");
     // The first write after the array was marked clean waits for md to mark it dirty again,
     // in every member's superblock.
     for m in members {
@@ -479,6 +465,32 @@ fn md_raid5_links_member_data_to_its_upper_bios_and_names_md_s_own_io() {
     assert_counts_match_diskstats(&r, "raid5_diskstats", &["md2"]);
 }
 
+/// An md raid4/5/6 snoop: each of the array's IOs (`uppers`) linked to one member IO on one of
+/// `members`, with layers that add up; every member IO linked or named as md's own, by a kind
+/// md states. Returns the member IOs and their count by kind ("linked read", "parity write").
+fn raid5_member_kinds<'a>(
+    lines: &'a [Value],
+    uppers: &[&Value],
+    members: &[&str],
+) -> (Vec<&'a Value>, BTreeMap<String, u64>) {
+    for u in uppers {
+        let layers =
+            u["layers"].as_array().unwrap_or_else(|| panic!("{}: an IO not linked: {u}", u["device"]));
+        assert_eq!(layers.len(), 1, "one member holds the data: {u}");
+        assert!(members.iter().any(|m| layers[0]["lower"] == *m) && layers[0]["ios"] == 1, "{u}");
+        assert_layers_add_up(u);
+    }
+    let below: Vec<&Value> = lines.iter().filter(|l| members.iter().any(|m| l["device"] == *m)).collect();
+    let kinds = count_by(&below, |l| match (&l["parent"], &l["unlinked"]) {
+        (Value::String(_), Value::Null) => format!("linked {}", l["op"].as_str().unwrap()),
+        (Value::Null, Value::String(kind)) => format!("{kind} {}", l["op"].as_str().unwrap()),
+        _ => panic!("a member IO is neither linked nor unlinked: {l}"),
+    });
+    let known = ["linked read", "linked write", "parity write", "preread read", "superblock write"];
+    assert!(kinds.keys().all(|k| known.contains(&k.as_str())), "member IO md did not explain: {kinds:?}");
+    (below, kinds)
+}
+
 #[test]
 fn md_raid6_links_member_data_and_names_both_parity_pages_md_s_own() {
     if !ran("raid5") {
@@ -490,23 +502,10 @@ fn md_raid6_links_member_data_and_names_both_parity_pages_md_s_own() {
     let uppers: Vec<&Value> = lines.iter().filter(|l| l["device"] == "md3").collect();
     let by = count_by(&uppers, |l| format!("{} {}", l["op"].as_str().unwrap(), l["bytes"]));
     assert_eq!(by, BTreeMap::from([("read 4096".into(), 60), ("write 4096".into(), 60)]), "md3's IOs");
-    for u in &uppers {
-        let layers = u["layers"].as_array().unwrap_or_else(|| panic!("md3: an IO not linked: {u}"));
-        assert_eq!(layers.len(), 1, "md3: one member holds the data: {u}");
-        assert!(members.iter().any(|m| layers[0]["lower"] == *m) && layers[0]["ios"] == 1, "{u}");
-        assert_layers_add_up(u);
-    }
-    let below: Vec<&Value> = lines.iter().filter(|l| members.iter().any(|m| l["device"] == *m)).collect();
-    let kinds = count_by(&below, |l| match (&l["parent"], &l["unlinked"]) {
-        (Value::String(_), Value::Null) => format!("linked {}", l["op"].as_str().unwrap()),
-        (Value::Null, Value::String(kind)) => format!("{kind} {}", l["op"].as_str().unwrap()),
-        _ => panic!("a member IO is neither linked nor unlinked: {l}"),
-    });
+    let (_, kinds) = raid5_member_kinds(&lines, &uppers, &members);
     let n = |k: &str| kinds.get(k).copied().unwrap_or(0);
     assert_eq!((n("linked read"), n("linked write")), (60, 60), "one member IO per page: {kinds:?}");
     assert!(n("parity write") >= 2 * 60, "P and Q for each page write: {kinds:?}");
-    let known = ["linked read", "linked write", "parity write", "preread read", "superblock write"];
-    assert!(kinds.keys().all(|k| known.contains(&k.as_str())), "member IO md did not explain: {kinds:?}");
 
     let r = report("raid6_report_json");
     assert_eq!(device(&r, "md3")["lowers"], serde_json::json!(members));

@@ -26,6 +26,19 @@ trace_stop() {
 # from a soft interrupt after the data reached the submitter, so iogen can exit first.
 vm_idle() { vm_until "$1 never went idle" vm_no_inflight "$1"; }
 vm_no_inflight() { read r w < /sys/block/$1/inflight && [ "$r$w" = 00 ]; }
+# md_create_active MD LEVEL DISK...: an array of DISKs, 64 KiB chunks, created --assume-clean
+# (no resync IO) and marked active by one write before any tracing; safe_mode_delay 0 lets a
+# scenario mark it clean at once.
+md_create_active() {
+    md=$1 level=$2; shift 2
+    mdadm --create /dev/$md --run --force --level=$level --raid-devices=$# --chunk=64 --metadata=1.2 \
+        --assume-clean "$@" || vm_fail "mdadm --create /dev/$md"
+    echo 0 > /sys/block/$md/md/safe_mode_delay
+    /bin/iogen /dev/$md write 1 4096 1 > /dev/null
+    vm_until "$md never left the clean state" grep -q '^active' /sys/block/$md/md/array_state
+}
+# diskstats NAME DISKS: the /proc/diskstats lines of DISKS (an ERE alternation) into NAME's result.
+diskstats() { grep -E " ($2) " /proc/diskstats > /tmp/$1.out; }
 emit() {
     echo "VM-RESULT-BEGIN $1"
     cat /tmp/$1.out
@@ -106,11 +119,11 @@ mdadm --create /dev/md4 --run --force --level=0 --raid-devices=2 --chunk=64 --me
 /bin/iogen /dev/md4 read 1 4096 1 > /dev/null
 trace_start raid0_snoop snoop --json --no-kprobes --device md4
 trace_start raid0_report_json report --json --no-kprobes --duration 600 --device md4
-grep -E " (md4|ram16|ram17) " /proc/diskstats > /tmp/raid0_diskstats_before.out
+diskstats raid0_diskstats_before "md4|ram16|ram17"
 /bin/iogen /dev/md4 write 100 4096 2
 /bin/iogen /dev/md4 read 100 4096 2
 /bin/iogen /dev/md4 write 40 131072 1
-grep -E " (md4|ram16|ram17) " /proc/diskstats > /tmp/raid0_diskstats_after.out
+diskstats raid0_diskstats_after "md4|ram16|ram17"
 for t in raid0_snoop raid0_report_json; do trace_stop $t; done
 for t in raid0_snoop raid0_report_json raid0_diskstats_before raid0_diskstats_after; do emit $t; done
 mdadm --stop /dev/md4 || echo "VM-WARNING mdadm --stop /dev/md4 failed""#,
@@ -127,20 +140,16 @@ fn md_raid5() -> String {
     scenario(
         "raid5",
         &["brd", "raid456", "dm-mod", "dm-crypt"],
-        r#"mdadm --create /dev/md2 --run --force --level=5 --raid-devices=3 --chunk=64 --metadata=1.2 \
-    --assume-clean /dev/ram9 /dev/ram10 /dev/ram11 || vm_fail "mdadm --create /dev/md2"
-echo 0 > /sys/block/md2/md/safe_mode_delay
-/bin/iogen /dev/md2 write 1 4096 1 > /dev/null
-vm_until "md2 never left the clean state" grep -q '^active' /sys/block/md2/md/array_state
+        r#"md_create_active md2 5 /dev/ram9 /dev/ram10 /dev/ram11
 trace_start raid5_snoop snoop --json --no-kprobes --device md2
 trace_start raid5_report_json report --json --no-kprobes --duration 600 --device md2
-grep -E " (md2|ram9|ram10|ram11) " /proc/diskstats > /tmp/raid5_diskstats_before.out
+diskstats raid5_diskstats_before "md2|ram9|ram10|ram11"
 /bin/iogen /dev/md2 write 120 4096 1
 echo clean > /sys/block/md2/md/array_state
 vm_until "md2 never became clean" grep -q '^clean' /sys/block/md2/md/array_state
 /bin/iogen /dev/md2 read 100 4096 2
 /bin/iogen /dev/md2 write 64 512 8 seq
-grep -E " (md2|ram9|ram10|ram11) " /proc/diskstats > /tmp/raid5_diskstats_after.out
+diskstats raid5_diskstats_after "md2|ram9|ram10|ram11"
 for t in raid5_snoop raid5_report_json; do trace_stop $t; done
 for t in raid5_snoop raid5_report_json raid5_diskstats_before raid5_diskstats_after; do emit $t; done
 # Three levels, as a laptop's encrypted LVM volume on an array: dm-crypt (top0) over dm-linear
@@ -153,10 +162,10 @@ for b in /sys/block/dm-*; do echo "$(cat $b/dm/name) ${b##*/}"; done > /tmp/stac
 trace_start stack3_snoop snoop --json --no-kprobes --device top0
 trace_start stack3_report_json report --json --no-kprobes --duration 600 --device top0
 stack3_disks="md2|$(cd /sys/block && ls -d dm-* | tr '\n' '|' | sed 's/|$//')"
-grep -E " ($stack3_disks) " /proc/diskstats > /tmp/stack3_diskstats_before.out
+diskstats stack3_diskstats_before "$stack3_disks"
 /bin/iogen /dev/mapper/top0 write 100 4096 2
 /bin/iogen /dev/mapper/top0 read 100 4096 2
-grep -E " ($stack3_disks) " /proc/diskstats > /tmp/stack3_diskstats_after.out
+diskstats stack3_diskstats_after "$stack3_disks"
 for t in stack3_snoop stack3_report_json; do trace_stop $t; done
 for t in stack3_names stack3_snoop stack3_report_json stack3_diskstats_before stack3_diskstats_after; do
     emit $t
@@ -164,17 +173,13 @@ done
 dmsetup remove top0 && dmsetup remove vol0 || echo "VM-WARNING dmsetup remove top0 vol0 failed"
 mdadm --stop /dev/md2 || echo "VM-WARNING mdadm --stop /dev/md2 failed"
 # raid6: the same personality with two parity pages a stripe (P and Q).
-mdadm --create /dev/md3 --run --force --level=6 --raid-devices=4 --chunk=64 --metadata=1.2 \
-    --assume-clean /dev/ram12 /dev/ram13 /dev/ram14 /dev/ram15 || vm_fail "mdadm --create /dev/md3"
-echo 0 > /sys/block/md3/md/safe_mode_delay
-/bin/iogen /dev/md3 write 1 4096 1 > /dev/null
-vm_until "md3 never left the clean state" grep -q '^active' /sys/block/md3/md/array_state
+md_create_active md3 6 /dev/ram12 /dev/ram13 /dev/ram14 /dev/ram15
 trace_start raid6_snoop snoop --json --no-kprobes --device md3
 trace_start raid6_report_json report --json --no-kprobes --duration 600 --device md3
-grep -E " (md3|ram12|ram13|ram14|ram15) " /proc/diskstats > /tmp/raid6_diskstats_before.out
+diskstats raid6_diskstats_before "md3|ram12|ram13|ram14|ram15"
 /bin/iogen /dev/md3 write 60 4096 1
 /bin/iogen /dev/md3 read 60 4096 2
-grep -E " (md3|ram12|ram13|ram14|ram15) " /proc/diskstats > /tmp/raid6_diskstats_after.out
+diskstats raid6_diskstats_after "md3|ram12|ram13|ram14|ram15"
 for t in raid6_snoop raid6_report_json; do trace_stop $t; done
 for t in raid6_snoop raid6_report_json raid6_diskstats_before raid6_diskstats_after; do emit $t; done
 mdadm --stop /dev/md3 || echo "VM-WARNING mdadm --stop /dev/md3 failed""#,
@@ -296,13 +301,13 @@ for sched in none mq-deadline kyber bfq; do
     trace_start drv${round}_report report --json --duration 600
     trace_start drv${round}_head report --json --duration 600 --device $head
     trace_start drv${round}_snoop snoop --json
-    grep -E " ($disks) " /proc/diskstats > /tmp/drv${round}_before.out
+    diskstats drv${round}_before "$disks"
     for d in $plain sda vda $head; do
         /bin/iogen /dev/$d read 60 4096 2
         /bin/iogen /dev/$d write 40 4096 2
     done
     for d in $plain sda vda $paths; do vm_idle $d; done
-    grep -E " ($disks) " /proc/diskstats > /tmp/drv${round}_after.out
+    diskstats drv${round}_after "$disks"
     for t in drv${round}_report drv${round}_head drv${round}_snoop; do trace_stop $t; done
     echo "VM-RESULT-BEGIN drv${round}_setup"
     echo "scheduler=$sched policy=$policy head_iostats=$(cat /sys/block/$head/queue/iostats) plain=$plain head=$head paths=$paths"
@@ -334,7 +339,7 @@ echo "head=$head paths=$paths reset=$ctrl"
 echo "VM-RESULT-END fo_setup"
 trace_start fo_snoop snoop --json --device $head
 trace_start fo_report report --json --duration 600 --device $head
-grep -E " ($disks) " /proc/diskstats > /tmp/fo_before.out
+diskstats fo_before "$disks"
 /bin/iogen /dev/$head read 3000 4096 16 > /tmp/fo_iogen.out &
 io=$!
 for i in 1 2 3; do
@@ -347,7 +352,7 @@ for i in 1 2 3; do
 done
 wait $io || echo "VM-WARNING iogen on $head failed"
 for d in $paths; do vm_idle $d; done
-grep -E " ($disks) " /proc/diskstats > /tmp/fo_after.out
+diskstats fo_after "$disks"
 for t in fo_snoop fo_report; do trace_stop $t; done
 for t in fo_iogen fo_before fo_after fo_snoop fo_report; do emit $t; done"#,
     )
@@ -401,7 +406,7 @@ echo "head=$head paths=$paths"
 echo "VM-RESULT-END ana_setup"
 trace_start ana_snoop snoop --json --device $head
 trace_start ana_report report --json --duration 600 --device $head
-grep -E " ($disks) " /proc/diskstats > /tmp/ana_before.out
+diskstats ana_before "$disks"
 /bin/iogen /dev/$head read 2000 4096 16 > /tmp/ana_iogen.out &
 io=$!
 path1=${paths%% *}
@@ -420,7 +425,7 @@ for i in 1 2 3 4; do
 done
 wait $io || echo "VM-WARNING iogen on $head failed"
 for d in $paths; do vm_idle $d; done
-grep -E " ($disks) " /proc/diskstats > /tmp/ana_after.out
+diskstats ana_after "$disks"
 for t in ana_snoop ana_report; do trace_stop $t; done
 for t in ana_iogen ana_before ana_after ana_snoop ana_report; do emit $t; done
 for c in /sys/class/nvme-subsystem/$subsys/nvme*; do [ -e $c/delete_controller ] && echo 1 > $c/delete_controller; done
