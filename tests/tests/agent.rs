@@ -216,6 +216,20 @@ fn the_socket_is_root_only_refuses_bad_requests_and_goes_with_the_agent() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("run this as root"), "{err}");
 
+    // doctor finds this agent where it is told to look: by --socket, or by the config's
+    // api.socket; the default socket has none.
+    let config = socket.with_extension("toml");
+    std::fs::write(&config, format!("[api]\nsocket = {:?}\n", socket.to_str().unwrap())).unwrap();
+    let serves = format!("(pid {}, tracerd", agent.pid());
+    for how in [["--socket", socket.to_str().unwrap()], ["--config", config.to_str().unwrap()]] {
+        let (_, out, _) = tracerd_output(&[&["doctor", "--no-load", "--json"][..], &how].concat());
+        let checks: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{how:?}: {e}: {out}"));
+        let agent_check = checks.as_array().unwrap().iter().find(|c| c["name"] == "agent").unwrap();
+        let detail = agent_check["detail"].as_str().unwrap();
+        assert!(detail.contains(&serves) && detail.contains(socket.to_str().unwrap()), "{how:?}: {detail}");
+    }
+    let _ = std::fs::remove_file(&config);
+
     // The socket goes with the agent; a window then has no agent to come from.
     assert!(agent.stop(libc::SIGTERM).success(), "{}", agent.stderr_text());
     assert!(!socket.exists(), "the socket outlived the agent");

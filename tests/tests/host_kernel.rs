@@ -533,16 +533,34 @@ fn user_errors_are_clear_and_fail() {
     assert!(err.contains("in use"), "{err}");
     assert!(err.contains("--listen"), "the advice names the flag: {err}");
 
-    // Without CAP_BPF/CAP_PERFMON/CAP_SYS_ADMIN: a clear refusal, nothing attempted.
-    let out = std::process::Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"])
-        .arg(tracerd_tests::tracerd_bin())
-        .args(["report", "--duration", "1"])
-        .output()
-        .expect("setpriv (util-linux)");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(err.contains("CAP_BPF") && err.contains("root"), "{err}");
+    // Without CAP_BPF/CAP_PERFMON/CAP_SYS_ADMIN: a clear refusal, nothing attempted. `run`
+    // says so before it binds (as nobody, the socket's directory would be the first error).
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let unprivileged: [&[&str]; 2] = [&["report", "--duration", "1"], &["run", "--listen", &listen]];
+    for args in unprivileged {
+        let out = std::process::Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+            ])
+            .arg(tracerd_tests::tracerd_bin())
+            .args(args)
+            .output()
+            .expect("setpriv (util-linux)");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} ran without privileges");
+        assert!(
+            err.contains("lacks CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN)") && err.contains("root"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("socket"), "{args:?}: the capability error comes first: {err}");
+    }
+    let (status, _, err) = tracerd_output(&["report", "--duration", "1", "--device", "mapper/x"]);
+    assert!(!status.success() && err.contains("--device \"mapper/x\""), "the flag is named: {err}");
 
     let (status, _, err) = tracerd_output(&["report", "--duration", "0"]);
     assert!(!status.success() && err.contains("positive number of seconds"), "{err}");

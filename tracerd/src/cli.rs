@@ -185,9 +185,13 @@ pub enum Command {
         /// With --since: how much earlier the baseline is.
         #[arg(long, value_name = "SPAN", value_parser = crate::units::parse_span, requires = "since")]
         ago: Option<f64>,
-        /// The agent's API socket, for windows [default: /run/tracerd/tracerd.sock].
+        /// The agent's API socket, for windows [default: /run/tracerd/tracerd.sock, or the
+        /// config's api.socket].
         #[arg(long, value_name = "PATH")]
         socket: Option<PathBuf>,
+        /// The agent's config file, read for its api.socket.
+        #[arg(long, value_name = "PATH")]
+        config: Option<PathBuf>,
         /// Print JSON (schema: docs/reference/json.md) instead of tables.
         #[arg(long)]
         json: bool,
@@ -206,6 +210,13 @@ pub enum Command {
         /// Skip the load test (loading and attaching every program, then detaching them).
         #[arg(long)]
         no_load: bool,
+        /// Where to look for a running agent [default: /run/tracerd/tracerd.sock, or the
+        /// config's api.socket].
+        #[arg(long, value_name = "PATH")]
+        socket: Option<PathBuf>,
+        /// The agent's config file, read for its api.socket.
+        #[arg(long, value_name = "PATH")]
+        config: Option<PathBuf>,
     },
 }
 
@@ -281,7 +292,7 @@ mod tests {
         assert!(matches!(cli.command, Command::Diff { json: true, .. }));
         assert!(Cli::try_parse_from(["tracerd", "diff", "a.json"]).is_err(), "diff takes two captures");
         let cli = Cli::try_parse_from(["tracerd", "doctor", "--json", "--no-load"]).unwrap();
-        assert!(matches!(cli.command, Command::Doctor { json: true, no_load: true }));
+        assert!(matches!(cli.command, Command::Doctor { json: true, no_load: true, .. }));
         assert_eq!(cli.log_level, None, "each subcommand picks its default level");
     }
 

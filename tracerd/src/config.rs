@@ -223,20 +223,26 @@ pub fn resolve(file: File, flags: Flags) -> Result<Config> {
         (None, None) => d.attach,
     };
     let kprobes = !flags.no_kprobes && file.kprobes.unwrap_or(d.kprobes);
-    let include =
-        if flags.devices.is_empty() { file.devices.include.unwrap_or_default() } else { flags.devices };
-    let mut exclude = file.devices.exclude.unwrap_or_default();
-    exclude.extend(flags.exclude);
-    for (key, names) in [("devices.include", &include), ("devices.exclude", &exclude)] {
+    // Each list is checked where it came from, so the error names the flag or the key to fix.
+    for (source, names) in [
+        ("--device", flags.devices.as_slice()),
+        ("--exclude", flags.exclude.as_slice()),
+        ("devices.include", file.devices.include.as_deref().unwrap_or_default()),
+        ("devices.exclude", file.devices.exclude.as_deref().unwrap_or_default()),
+    ] {
         if let Some(bad) =
             names.iter().find(|n| n.trim().is_empty() || n.contains('/') && !n.starts_with('/'))
         {
             bail!(
-                "{key} has \"{bad}\": give kernel names (loop0, nvme0n1), device-mapper names (vg-lv) or \
+                "{source} \"{bad}\": give kernel names (loop0, nvme0n1), device-mapper names (vg-lv) or \
                  absolute paths to device nodes (/dev/mapper/vg-lv, /dev/disk/by-id/...)"
             );
         }
     }
+    let include =
+        if flags.devices.is_empty() { file.devices.include.unwrap_or_default() } else { flags.devices };
+    let mut exclude = file.devices.exclude.unwrap_or_default();
+    exclude.extend(flags.exclude);
     if let Some(both) = include.iter().find(|n| exclude.iter().any(|p| name_matches(p, n))) {
         bail!("device \"{both}\" is both included and excluded (devices.include, devices.exclude)");
     }
@@ -310,12 +316,14 @@ pub fn resolve(file: File, flags: Flags) -> Result<Config> {
     if recorder.max_bytes < 1 << 20 {
         bail!("recorder.max_bytes = {}: must be at least 1048576 (1 MiB)", recorder.max_bytes);
     }
+    let flags_socket = flags.socket.is_some();
     let socket = match (flags.socket, file.api.socket) {
         (Some(p), _) | (None, Some(p)) => p,
         (None, None) => d.socket,
     };
     if !socket.is_absolute() {
-        bail!("api.socket = \"{}\": give an absolute path", socket.display());
+        let source = if flags_socket { "--socket" } else { "api.socket =" };
+        bail!("{source} \"{}\": give an absolute path", socket.display());
     }
     let c = file.cgroups;
     let cgroups = CgroupLimits {
@@ -461,7 +469,18 @@ mod tests {
         assert!(err("[recorder]\nresolution_s = 0").contains("recorder.resolution_s = 0: must be 1 to 3600"));
         assert!(err("[recorder]\nresolution_s = 10\nretention_s = 5").contains("recorder.retention_s = 5"));
         assert!(err("[recorder]\nmax_bytes = 1000").contains("recorder.max_bytes = 1000"));
-        assert!(err("[api]\nsocket = \"tracerd.sock\"").contains("absolute path"));
+        assert!(
+            err("[api]\nsocket = \"tracerd.sock\"")
+                .contains("api.socket = \"tracerd.sock\": give an absolute")
+        );
+        let flag_err = |flags: Flags| format!("{:#}", resolve(parse("").unwrap(), flags).unwrap_err());
+        let bad = flag_err(Flags { devices: vec!["mapper/vg-lv".into()], ..Flags::default() });
+        assert!(bad.starts_with("--device \"mapper/vg-lv\": give kernel names"), "{bad}");
+        let bad = flag_err(Flags { exclude: vec![" ".into()], ..Flags::default() });
+        assert!(bad.starts_with("--exclude \" \""), "{bad}");
+        let bad = flag_err(Flags { socket: Some("t.sock".into()), ..Flags::default() });
+        assert!(bad.starts_with("--socket \"t.sock\": give an absolute path"), "{bad}");
+        assert!(err("[devices]\ninclude = [\"a/b\"]").contains("devices.include \"a/b\""));
         assert!(err("[api]\nport = 1").contains("unknown field `port`"));
         assert!(
             err("attach = \"kprobe\"")

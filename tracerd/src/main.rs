@@ -67,6 +67,15 @@ fn settings(
     Ok((config, selection, opts))
 }
 
+/// The running agent's API socket, as a view finds it: the flag, else the config's
+/// `api.socket`, else the default.
+fn agent_socket(
+    socket: Option<std::path::PathBuf>,
+    config: Option<&std::path::Path>,
+) -> Result<std::path::PathBuf> {
+    Ok(Config::load(config, Flags { socket, ..Flags::default() })?.socket)
+}
+
 async fn dispatch(command: Command, color: ColorWhen) -> Result<()> {
     // Text output is coloured only by the rule in `style` (for stdout).
     let style = Style::stdout(color);
@@ -114,7 +123,7 @@ async fn dispatch(command: Command, color: ColorWhen) -> Result<()> {
             let attach = (!standalone).then_some(config.socket.as_path());
             top::top(style.is_on(), selection, opts, attach).await
         }
-        Command::Diff { a, b, since, ago, socket, json } => {
+        Command::Diff { a, b, since, ago, socket, config, json } => {
             let now = tracerd::commands::capture::unix_now();
             let (a, b) = match (a, b, since, ago) {
                 (_, _, Some(span), Some(ago)) => (
@@ -124,12 +133,11 @@ async fn dispatch(command: Command, color: ColorWhen) -> Result<()> {
                 (Some(a), Some(b), _, _) => (diff::Source::parse(&a, now)?, diff::Source::parse(&b, now)?),
                 _ => anyhow::bail!("diff takes two captures (A B), or --since SPAN --ago SPAN"),
             };
-            let socket = socket.unwrap_or_else(|| tracerd::serve::api::DEFAULT_SOCKET.into());
-            diff::diff(&a, &b, &socket, json, style)
+            diff::diff(&a, &b, &agent_socket(socket, config.as_deref())?, json, style)
         }
-        Command::Doctor { json, no_load } => {
+        Command::Doctor { json, no_load, socket, config } => {
             // A FAIL is a finding, already printed: exit 1 without an error line.
-            if !doctor::doctor(json, !no_load)? {
+            if !doctor::doctor(json, !no_load, &agent_socket(socket, config.as_deref())?)? {
                 std::process::exit(1);
             }
             Ok(())

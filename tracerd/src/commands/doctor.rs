@@ -79,8 +79,9 @@ impl Check {
 }
 
 /// Runs every check, prints them (text or JSON); returns whether nothing FAILed.
-pub fn doctor(json: bool, load: bool) -> Result<bool> {
-    let checks = run_checks(load);
+/// `socket`: where a running agent is looked for (the views' socket).
+pub fn doctor(json: bool, load: bool, socket: &std::path::Path) -> Result<bool> {
+    let checks = run_checks(load, socket);
     let mut out = std::io::stdout().lock();
     if json {
         writeln!(out, "{}", serde_json::to_string_pretty(&checks)?)?;
@@ -103,7 +104,7 @@ enum LoadTest {
     Loaded(Vec<HookStatus>),
 }
 
-fn run_checks(load: bool) -> Vec<Check> {
+fn run_checks(load: bool, socket: &std::path::Path) -> Vec<Check> {
     let caps = tracer::effective_caps();
     let privileged = tracer::can_load(caps);
     // SAFETY: geteuid has no preconditions.
@@ -149,7 +150,6 @@ fn run_checks(load: bool) -> Vec<Check> {
 
     checks.push(ring_buffer_check(privileged, create_ring_buffer));
     checks.push(aggregation_check(aya::util::nr_cpus().map_or(1, |n| n)));
-    let socket = std::path::Path::new(api::DEFAULT_SOCKET);
     checks.push(agent_check(socket, api::call(socket, &api::Request::Status {}, "status")));
     checks.push(load_check(&load_test));
     checks.push(bpf_stats_check(read_sysctl("bpf_stats_enabled").as_deref()));
@@ -227,13 +227,8 @@ fn privileges_check(caps: u64, euid: u32) -> Check {
     let named = [(CAP_SYS_ADMIN, "CAP_SYS_ADMIN"), (CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")];
     let held: Vec<&str> = named.iter().filter(|(c, _)| has(*c)).map(|(_, n)| *n).collect();
     let held = if held.is_empty() { "none of them".to_owned() } else { held.join(", ") };
-    if tracer::can_load(caps) {
+    let Some(missing) = tracer::missing_caps(caps) else {
         return Check::new("privileges", Status::Ok, format!("uid {euid}; effective: {held}"));
-    }
-    let missing = match (has(CAP_BPF), has(CAP_PERFMON)) {
-        (true, false) => "CAP_PERFMON (CAP_BPF alone cannot attach tracing programs)",
-        (false, true) => "CAP_BPF (CAP_PERFMON alone cannot load programs)",
-        _ => "CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN)",
     };
     Check::new(
         "privileges",
@@ -1024,6 +1019,8 @@ garbage
         let partial = privileges_check(caps(&[CAP_BPF]), 1000);
         assert_eq!(partial.status, Status::Fail);
         assert!(partial.detail.contains("needs CAP_PERFMON"), "{}", partial.detail);
+        let perfmon_only = privileges_check(caps(&[CAP_PERFMON]), 1000);
+        assert!(perfmon_only.detail.contains("needs CAP_BPF (CAP_PERFMON alone"), "{}", perfmon_only.detail);
         let none = privileges_check(0, 65534);
         assert_eq!(none.status, Status::Fail);
         assert!(none.detail.contains("uid 65534") && none.detail.contains("none of them"), "{}", none.detail);

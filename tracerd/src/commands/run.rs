@@ -16,7 +16,7 @@ use crate::{
     config::Config,
     kernel::cgroupfs::{CgroupNames, Named},
     kernel::session::{Io, Session, shutdown_signal},
-    kernel::tracer::{Aggregation, LoadOptions, kernel_release},
+    kernel::tracer::{self, Aggregation, LoadOptions, kernel_release},
     model::aggregate::{Aggregator, Lost, count_like_the_kernel},
     model::cgroups::CgroupSeries,
     model::op::{Op, OpDecoder},
@@ -43,8 +43,10 @@ fn unix_ms() -> u64 {
 
 pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -> Result<()> {
     let (listen, stale_after) = (config.listen, config.stale_after);
-    // Bind first, read the TLS and password files: a port in use, a second agent or a bad
-    // certificate fails before anything is loaded into the kernel.
+    // Privileges and BTF first (without them binding fails or misleads), then bind and read the
+    // TLS and password files: a port in use, a second agent or a bad certificate fails before
+    // anything is loaded into the kernel.
+    tracer::preflight()?;
     let listener = http::bind(listen).await?;
     let security = http::Security::load(&config.http)?;
     let scheme = security.scheme();

@@ -116,13 +116,25 @@ pub fn can_load(caps: u64) -> bool {
     has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
 }
 
+/// What these capabilities lack for loading and attaching tracerd's programs, or `None`.
+pub fn missing_caps(caps: u64) -> Option<&'static str> {
+    let has = |cap: u32| caps & (1 << cap) != 0;
+    if can_load(caps) {
+        return None;
+    }
+    Some(match (has(CAP_BPF), has(CAP_PERFMON)) {
+        (true, false) => "CAP_PERFMON (CAP_BPF alone cannot attach tracing programs)",
+        (false, true) => "CAP_BPF (CAP_PERFMON alone cannot load programs)",
+        _ => "CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN)",
+    })
+}
+
 /// Fails early, with advice, where loading cannot work.
 pub fn preflight() -> Result<()> {
-    if !can_load(effective_caps()) {
+    if let Some(missing) = missing_caps(effective_caps()) {
         bail!(
-            "tracerd needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN) to load its kernel programs, \
-             and this process has neither. Run it as root (sudo tracerd ...) or grant them: \
-             sudo setcap cap_bpf,cap_perfmon+ep $(command -v tracerd)"
+            "tracerd lacks {missing} to load its kernel programs. Run it as root (sudo tracerd ...) \
+             or grant them: sudo setcap cap_bpf,cap_perfmon+ep $(command -v tracerd)"
         );
     }
     if !std::path::Path::new(VMLINUX).exists() {
@@ -358,10 +370,18 @@ impl Tracer {
         for dev in &gone {
             map.remove(dev)?;
         }
+        let full = || {
+            format!(
+                "device map full: tracerd traces at most {} disks and partitions at once, and {} \
+                 are selected; narrow the selection with --device or --exclude",
+                limits::MAX_DEVICES,
+                devs.len()
+            )
+        };
         for dev in devs.difference(&present) {
-            let index = self.indices.take(*dev).context("device map full")?;
+            let index = self.indices.take(*dev).with_context(full)?;
             let path = paths.contains(dev) as u32;
-            map.insert(dev, DeviceState { in_flight: 0, index, path }, 0).context("device map full")?;
+            map.insert(dev, DeviceState { in_flight: 0, index, path }, 0).with_context(full)?;
         }
         for dev in gone {
             self.series.release(&mut self.ebpf, dev, self.indices.get(dev))?;
