@@ -781,12 +781,18 @@ fn doctor_chooses_what_this_kernel_must_get() {
 
 /// Reads and writes completed per device between two /proc/diskstats snapshots.
 fn diskstats_delta(name: &str) -> BTreeMap<String, (u64, u64)> {
+    diskstats_columns(name, [3, 7])
+}
+
+/// Two columns of /proc/diskstats (0-based, as split on whitespace: 3 reads completed, 4 reads
+/// merged, 7 writes completed, 8 writes merged), per device, between two snapshots.
+fn diskstats_columns(name: &str, [a, b]: [usize; 2]) -> BTreeMap<String, (u64, u64)> {
     let parse = |section_name: String| -> BTreeMap<String, (u64, u64)> {
         section(&section_name)
             .lines()
             .filter_map(|l| {
                 let f: Vec<&str> = l.split_whitespace().collect();
-                Some((f.get(2)?.to_string(), (f.get(3)?.parse().ok()?, f.get(7)?.parse().ok()?)))
+                Some((f.get(2)?.to_string(), (f.get(a)?.parse().ok()?, f.get(b)?.parse().ok()?)))
             })
             .collect()
     };
@@ -975,6 +981,60 @@ fn nvme_controller_resets_under_io_count_each_head_bio_once_and_link_every_path_
     assert_counts_match_diskstats(&r, "fo", &paths);
     assert_eq!(op(device(&r, head), "read")["requests"], 3000);
     eprintln!("{}: 3000 head bios, {failed_over} path requests failed over", release());
+}
+
+#[test]
+fn bios_merged_on_an_nvme_path_are_lower_ios_of_their_head_bios() {
+    if !ran("failover") {
+        return;
+    }
+    let setup = section("fo_setup");
+    let head = setup.split_whitespace().find_map(|w| w.strip_prefix("head=")).unwrap();
+    let paths: Vec<&str> =
+        setup.split("paths=").nth(1).unwrap().split(" reset=").next().unwrap().split_whitespace().collect();
+    let merged = diskstats_columns("fm", [8, 7]);
+    let (merges, requests) = paths.iter().fold((0, 0), |(m, r), p| (m + merged[*p].0, r + merged[*p].1));
+    assert!(merges > 0, "{}: the path merged no write ({merged:?}): nothing was tested", release());
+    assert_eq!(merges + requests, 512, "{}: every head bio reached a path: {merged:?}", release());
+    // Each head bio's one lower IO is the path request it allocated or the merge into one.
+    let lines = json_lines("fm_snoop");
+    let mut waiting: BTreeMap<&str, Vec<&Value>> = BTreeMap::new();
+    let (mut heads, mut merge_lines, mut request_lines) = (0, 0, 0);
+    for l in &lines {
+        if paths.iter().any(|p| l["device"] == *p) {
+            match l["kind"].as_str() {
+                Some("merge") => merge_lines += 1,
+                Some("request") => request_lines += 1,
+                _ => panic!("{l}"),
+            }
+            let parent = l["parent"].as_str().unwrap_or_else(|| panic!("a path IO not linked: {l}"));
+            waiting.entry(parent).or_default().push(l);
+        } else if l["device"] == head {
+            heads += 1;
+            assert_eq!((&l["kind"], &l["op"]), (&Value::from("bio"), &Value::from("write")), "{l}");
+            let took = waiting.remove(l["id"].as_str().unwrap()).unwrap_or_default();
+            assert_eq!(took.len(), 1, "one path IO served head bio {l}: {took:?}");
+            assert_eq!(l["sector"], took[0]["sector"], "{l}");
+            let layers = l["layers"].as_array().unwrap_or_else(|| panic!("a head bio not linked: {l}"));
+            assert_eq!(layers.len(), 1, "{l}");
+            assert_eq!(
+                (&layers[0]["lower"], &layers[0]["ios"]),
+                (&took[0]["device"], &Value::from(1)),
+                "{l}"
+            );
+            assert_layers_add_up(l);
+        }
+    }
+    assert!(waiting.values().all(Vec::is_empty), "path IOs with no head bio: {waiting:?}");
+    assert_eq!((heads, merge_lines, request_lines), (512, merges, requests), "{}", release());
+    let r = report("fm_report");
+    // numa sends it all down one path; a path with no IO is not in the report.
+    let used: Vec<&str> = paths.iter().copied().filter(|p| merged[*p] != (0, 0)).collect();
+    assert_counts_match_diskstats(&r, "fm", &used);
+    assert_eq!(op(device(&r, head), "write")["requests"], 512);
+    let lost = r["lost"].as_object().unwrap();
+    assert!(lost.values().all(|v| v == 0), "no head bio left to the stale sweep: {}", r["lost"]);
+    eprintln!("{}: 512 head bios: {requests} path requests, {merges} merged into them", release());
 }
 
 /// Walks a snoop of an NVMe head over `paths`: each head record follows every path request its

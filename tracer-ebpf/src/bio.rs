@@ -118,6 +118,9 @@ pub(crate) fn on_bio_merge<M: Mem>(bio: u64) {
         zero_words(rec);
         let (rec, state) = (&mut *rec, &*state);
         rec.kind = kind::MERGE;
+        // A merged bio is a lower IO of its parent too: the request it joined ends it.
+        rec.id = M::key(bio);
+        rec.parent = state.parent;
         rec.flags = state.flags;
         rec.dev = state.dev;
         rec.cmd_flags = M::read(bio, l.bio_bi_opf);

@@ -10,7 +10,7 @@ use tracer_common::{
 
 use crate::{
     aggregate::aggregate,
-    kernel::{Mem, rq_disk, scalar},
+    kernel::{Mem, Probe, rq_disk, scalar},
     maps::{
         BIOS, DEVICES, EVENTS, LINKS, REQUESTS, commit_flags, count_lost, is_traced, layout, settings, slow,
         stacking, streaming,
@@ -222,22 +222,19 @@ pub(crate) fn on_rq_complete<M: Mem>(rq: u64, error: u32, nr_bytes: u32) {
     }
     s.record.ts[event::C] = unsafe { bpf_ktime_get_ns() };
     s.record.error = error;
-    // A path request's head bio goes after it (see on_path_done). Typed pointers stay here:
-    // the verifier refuses them as arguments of a function it checks on its own.
-    let (path_of, bios_left) = if s.record.flags & flag::PATH != 0 {
-        (s.record.parent, M::read::<u64>(rq, l.rq_bio) != 0)
-    } else {
-        (0, false)
-    };
-    if path_of != 0 && !bios_left {
+    // A path request's head bios go after it (see on_path_done). A probe read: the verifier
+    // refuses a typed pointer as the argument of a function it checks on its own.
+    let path = s.record.flags & flag::PATH != 0;
+    let path_bios: u64 = if path { Probe::read(rq, l.rq_bio) } else { 0 };
+    if path && path_bios == 0 {
         s.record.flags |= flag::FAILOVER;
     }
     let mode = settings().aggregate;
     if mode != agg::mode::RECORDS && aggregate(&s.record, disk) {
         if mode == agg::mode::KERNEL && !streaming() && !slow(&s.record, disk) {
             slot_free(state);
-            if path_of != 0 {
-                on_path_done(path_of, bios_left);
+            if path {
+                on_path_done(path_bios);
             }
             return;
         }
@@ -257,8 +254,8 @@ pub(crate) fn on_rq_complete<M: Mem>(rq: u64, error: u32, nr_bytes: u32) {
         None => count_lost(lost::RINGBUF_FULL),
     }
     slot_free(state);
-    if path_of != 0 {
-        on_path_done(path_of, bios_left);
+    if path {
+        on_path_done(path_bios);
     }
 }
 

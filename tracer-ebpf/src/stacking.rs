@@ -294,25 +294,35 @@ fn on_path_remap(bio: u64) -> bool {
     true
 }
 
-/// A path request (flag::PATH) of `bio` completed; its record is in the ring buffer. The
-/// bio's record on the head follows it, so that the daemon sees the lower IO before its upper
-/// IO. Its C is the head's own if NVMe traced it (just before), else now: a batch of
-/// completions ends the bios without `block_bio_complete` on the head. A request with no bios
-/// left (`bios_left` false: a failover took them back to the head, to be sent down another
-/// path) leaves the bio in flight.
-pub(crate) fn on_path_done(bio: u64, bios_left: bool) {
-    if !bios_left {
-        return;
+/// Bios of one path request followed to their heads: its first and those merged into it.
+/// A head bio past them is left to the stale sweep, which counts it.
+const PATH_BIOS_FOLLOWED: u32 = 128;
+
+/// A path request (flag::PATH) completed; its record is in the ring buffer. `first` is its
+/// first bio, 0 where a failover took its bios back to the head, to be sent down another path
+/// (they stay in flight). The record on the head of each of its bios follows it, so that the
+/// daemon sees the lower IO before its upper IO: the bio that allocated the request and those
+/// merged into it (the request ends them all). A head's C is its own if NVMe traced it (just
+/// before, and only for the request's first bio), else now: a batch of completions ends the
+/// bios without `block_bio_complete` on the head.
+pub(crate) fn on_path_done(first: u64) {
+    let now = unsafe { bpf_ktime_get_ns() };
+    let next = layout().bio_bi_next;
+    let mut bio = first;
+    for _ in 0..PATH_BIOS_FOLLOWED {
+        if bio == 0 {
+            return;
+        }
+        if let Some(head) = slot_get(&BIOS, limits::BIO_SLOTS, head_key(bio)) {
+            // SAFETY: our slot's value.
+            let completed = match unsafe { (*head).getrq_ns } {
+                0 => now,
+                c => c,
+            };
+            emit_head(bio, head, completed);
+        }
+        bio = Probe::read(bio, next);
     }
-    let Some(head) = slot_get(&BIOS, limits::BIO_SLOTS, head_key(bio)) else {
-        return;
-    };
-    // SAFETY: our slot's value.
-    let completed = match unsafe { (*head).getrq_ns } {
-        0 => unsafe { bpf_ktime_get_ns() },
-        c => c,
-    };
-    emit_head(bio, head, completed);
 }
 
 /// The bio completed on the head (`block_bio_complete` on the head's queue, which NVMe

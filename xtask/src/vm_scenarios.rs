@@ -320,7 +320,8 @@ done"#,
 /// NVMe multipath under controller resets: 3000 reads at qd 16 on the head (round-robin over
 /// both paths) while one path's controller is reset three times, with requests in flight
 /// (qemu's null device takes 2 ms per IO here). IO moves to the other path while the
-/// controller resets; qemu completes what it holds before the reset ends.
+/// controller resets; qemu completes what it holds before the reset ends. Then 512 adjacent
+/// writes, merged on their path.
 fn nvme_failover() -> String {
     scenario(
         "failover",
@@ -354,7 +355,18 @@ wait $io || echo "VM-WARNING iogen on $head failed"
 for d in $paths; do vm_idle $d; done
 diskstats fo_after "$disks"
 for t in fo_snoop fo_report; do trace_stop $t; done
-for t in fo_iogen fo_before fo_after fo_snoop fo_report; do emit $t; done"#,
+for t in fo_iogen fo_before fo_after fo_snoop fo_report; do emit $t; done
+# Merges on a path: 512 writes in rounds of 32 adjacent ones, each round in one io_submit,
+# all down one path (numa), whose plug merges bios that came from the head.
+echo numa > /sys/class/nvme-subsystem/$subsys/iopolicy
+trace_start fm_snoop snoop --json --device $head
+trace_start fm_report report --json --duration 600 --device $head
+diskstats fm_before "$disks"
+/bin/iogen /dev/$head write 512 4096 32 merge > /tmp/fm_iogen.out || echo "VM-WARNING iogen merge on $head failed"
+for d in $paths; do vm_idle $d; done
+diskstats fm_after "$disks"
+for t in fm_snoop fm_report; do trace_stop $t; done
+for t in fm_iogen fm_before fm_after fm_snoop fm_report; do emit $t; done"#,
     )
 }
 

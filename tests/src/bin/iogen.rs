@@ -4,14 +4,16 @@
 //! in its own slot with a gap after it, so no two IOs are adjacent and the block layer cannot
 //! merge them: the number of requests the device sees equals the number issued.
 //!
-//! iogen DEVICE read|write COUNT SIZE QD [batch|seq]
+//! iogen DEVICE read|write COUNT SIZE QD [batch|seq|merge]
 //!   -> prints {"op":..,"count":..,"bytes":..} on success
 //!
 //! By default a completed IO is replaced at once (QD stays in flight). With `batch`, IOs go in
 //! rounds: QD submitted, all QD reaped, then the next round, so on a device that completes
 //! slower than a round is submitted, the depth at issue runs 1..QD once per round. With `seq`,
 //! slots go in order from the device's start, so IOs smaller than a page share pages (md
-//! raid5 then writes several of them with one member write).
+//! raid5 then writes several of them with one member write). With `merge`, the opposite of
+//! the default: rounds of QD adjacent IOs (the device's start onwards, without gaps), each
+//! round in one io_submit call, whose plug lets the block layer merge them into fewer requests.
 
 use std::{
     alloc::{Layout, alloc_zeroed},
@@ -61,10 +63,11 @@ fn check(ret: libc::c_long, what: &str) -> libc::c_long {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.len() != 6 && !(args.len() == 7 && matches!(args[6].as_str(), "batch" | "seq")) {
-        die("usage: iogen DEVICE read|write COUNT SIZE QD [batch|seq]");
+    if args.len() != 6 && !(args.len() == 7 && matches!(args[6].as_str(), "batch" | "seq" | "merge")) {
+        die("usage: iogen DEVICE read|write COUNT SIZE QD [batch|seq|merge]");
     }
-    let batch = args.len() == 7 && args[6] == "batch";
+    let merge = args.len() == 7 && args[6] == "merge";
+    let batch = merge || args.len() == 7 && args[6] == "batch";
     let seq = args.len() == 7 && args[6] == "seq";
     let write = match args[2].as_str() {
         "read" => false,
@@ -83,12 +86,14 @@ fn main() {
     check(fd as libc::c_long, "open");
     // SAFETY: fd is open.
     let dev_bytes = unsafe { libc::lseek(fd, 0, libc::SEEK_END) } as u64;
-    let slots = dev_bytes / (2 * size);
+    // A slot is an IO and the gap after it; `merge` has no gaps.
+    let gap = if merge { 1 } else { 2 };
+    let slots = dev_bytes / (gap * size);
     if slots == 0 {
         die("device too small for this IO size");
     }
     // Slot order: a fixed permutation (stride coprime with the slot count) for random-looking IO.
-    let mut stride = if seq { 1 } else { slots / 3 * 2 + 1 };
+    let mut stride = if seq || merge { 1 } else { slots / 3 * 2 + 1 };
     while gcd(stride, slots) != 1 {
         stride += 1;
     }
@@ -107,24 +112,44 @@ fn main() {
     check(unsafe { libc::syscall(libc::SYS_io_setup, qd as libc::c_long, &mut ctx) }, "io_setup");
     let mut iocbs = vec![Iocb::default(); qd as usize];
     let (mut submitted, mut done) = (0u64, 0u64);
-    let submit = |slot: usize, n: u64, iocbs: &mut [Iocb]| {
+    let prepare = |slot: usize, n: u64, iocbs: &mut [Iocb]| {
         iocbs[slot] = Iocb {
             aio_data: slot as u64,
             aio_lio_opcode: if write { IOCB_CMD_PWRITE } else { IOCB_CMD_PREAD },
             aio_fildes: fd as u32,
             aio_buf: buffers[slot] as u64,
             aio_nbytes: size,
-            aio_offset: ((n * stride % slots) * 2 * size) as i64,
+            aio_offset: ((n * stride % slots) * gap * size) as i64,
             ..Default::default()
         };
-        let mut ptr = &mut iocbs[slot] as *mut Iocb;
-        // SAFETY: one valid iocb whose buffer outlives the IO.
-        check(unsafe { libc::syscall(libc::SYS_io_submit, ctx, 1 as libc::c_long, &mut ptr) }, "io_submit");
     };
-    while submitted < count.min(qd) {
-        submit(submitted as usize, submitted, &mut iocbs);
-        submitted += 1;
-    }
+    // Slots `first..first + n` in one io_submit call (one plug).
+    let send = |first: usize, n: usize, iocbs: &mut [Iocb]| {
+        let mut ptrs: Vec<*mut Iocb> = iocbs[first..first + n].iter_mut().map(|c| c as *mut Iocb).collect();
+        // SAFETY: valid iocbs whose buffers outlive the IO.
+        let sent = check(
+            unsafe { libc::syscall(libc::SYS_io_submit, ctx, n as libc::c_long, ptrs.as_mut_ptr()) },
+            "io_submit",
+        );
+        if sent != n as libc::c_long {
+            die(&format!("io_submit took {sent} of {n} IOs"));
+        }
+    };
+    let submit = |slot: usize, n: u64, iocbs: &mut [Iocb]| {
+        prepare(slot, n, iocbs);
+        send(slot, 1, iocbs);
+    };
+    // A round of `n` IOs from IO number `from`: in one call with `merge`, else one by one.
+    let round = |n: u64, from: u64, iocbs: &mut [Iocb]| {
+        if merge {
+            (0..n).for_each(|slot| prepare(slot as usize, from + slot, iocbs));
+            send(0, n as usize, iocbs);
+        } else {
+            (0..n).for_each(|slot| submit(slot as usize, from + slot, iocbs));
+        }
+    };
+    round(count.min(qd), 0, &mut iocbs);
+    submitted += count.min(qd);
     let mut events = vec![IoEvent::default(); qd as usize];
     while done < count {
         // SAFETY: events has room for qd entries.
@@ -151,11 +176,10 @@ fn main() {
             }
         }
         // A round is over when nothing is in flight.
-        if batch && done == submitted {
-            for slot in 0..qd.min(count - submitted) {
-                submit(slot as usize, submitted, &mut iocbs);
-                submitted += 1;
-            }
+        if batch && done == submitted && submitted < count {
+            let n = qd.min(count - submitted);
+            round(n, submitted, &mut iocbs);
+            submitted += n;
         }
     }
     // SAFETY: ctx from io_setup; fd open.

@@ -109,7 +109,10 @@ impl Layers {
     /// A completed IO of device `lower`; kept if it was remapped from an upper bio, for its
     /// parent and for every further upper IO a link record named.
     pub fn lower_done(&mut self, lower: u32, rec: &IoRecord) {
-        let (q, c) = (start(rec), rec.ts[event::C]);
+        // A bio merged into a request ends with that request, which ends its upper IO: its
+        // lower part lasts until the upper IO's C.
+        let c = if rec.kind == kind::MERGE { u64::MAX } else { rec.ts[event::C] };
+        let q = start(rec);
         if rec.parent == 0 || q == 0 || c == 0 {
             return;
         }
@@ -214,6 +217,22 @@ mod tests {
         let mut out = [LayerSplit::default(); MAX_LOWERS];
         assert_eq!(l.upper_done(&bio(7, 0, 150, 650), &mut out), 1);
         assert_eq!(out[0], LayerSplit { lower: 10, ios: 2, layer_ns: 50, lower_ns: 400, completion_ns: 50 });
+    }
+
+    #[test]
+    fn a_merged_lower_bio_lasts_until_its_upper_io_completes() {
+        let mut l = Layers::default();
+        // Head bio 7 (Q=100) moved to path 10 at 150 and merged there at 160 into a request
+        // that another bio allocated: the request ends both, so bio 7's C (900) ends its part.
+        let mut merged = IoRecord { kind: kind::MERGE, id: 70, parent: 7, ..Default::default() };
+        (merged.ts[event::Q], merged.ts[event::M]) = (150, 160);
+        l.lower_done(10, &merged);
+        let mut out = [LayerSplit::default(); MAX_LOWERS];
+        assert_eq!(l.upper_done(&bio(7, 0, 100, 900), &mut out), 1);
+        assert_eq!(out[0], LayerSplit { lower: 10, ios: 1, layer_ns: 50, lower_ns: 750, completion_ns: 0 });
+        let unlinked = IoRecord { kind: kind::MERGE, id: 71, ..merged };
+        l.lower_done(10, &IoRecord { parent: 0, ..unlinked });
+        assert!(l.pending.is_empty(), "a merge that names no upper IO waits for nothing");
     }
 
     #[test]
