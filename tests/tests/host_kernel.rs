@@ -901,3 +901,41 @@ fn a_device_named_by_a_link_to_its_node_is_traced_as_its_kernel_name() {
     assert!(!status.success());
     assert!(err.contains("unknown block device 'top0'") && err.contains("device-mapper name"), "{err}");
 }
+
+/// 40 traced disks, more than the 32 series a small host starts with: the kernel's series are
+/// sized at load for the devices traced (and half as many again), so every disk's reads are
+/// counted in the kernel, none as records.
+#[test]
+fn kernel_series_are_sized_for_the_devices_traced() {
+    require_root();
+    let disks: Vec<LoopDevice> = (0..40).map(|_| LoopDevice::new(2)).collect();
+    let args: Vec<&str> = disks.iter().flat_map(|d| ["--device", d.name.as_str()]).collect();
+    let mut agent = Tracerd::run(&args);
+    let m = agent.metrics();
+    assert_eq!(m.get("tracerd_kernel_series", &[("state", "capacity")]), 60.0, "40 devices and half again");
+    assert_eq!(
+        m.get("tracerd_kernel_series", &[("state", "used")]),
+        40.0,
+        "a series for each disk from the start"
+    );
+    let reads = Workload { write: false, count: 25, size: 4096, qd: 1 };
+    for d in &disks {
+        reads.run(d);
+    }
+    let counted = |m: &Metrics| disks.iter().map(|d| requests(m, &d.name, "read")).sum::<u64>();
+    assert!(
+        eventually(|| {
+            let m = agent.metrics();
+            counted(&m) + missed_completions(&m) == 40 * 25
+        }),
+        "reads counted: {} of {}",
+        counted(&agent.metrics()),
+        40 * 25
+    );
+    // In the kernel, not as records: the agent read no record for them.
+    let m = agent.metrics();
+    assert_eq!(m.get("tracerd_kernel_series", &[("state", "used")]), 40.0);
+    let records = m.get("tracerd_records_total", &[]);
+    assert!(records < 40.0 * 25.0 / 2.0, "{records} records for 1000 reads counted in the kernel");
+    assert!(agent.stop(libc::SIGINT).success(), "{}", agent.stderr_text());
+}

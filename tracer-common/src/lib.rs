@@ -639,8 +639,9 @@ pub mod limits {
     pub const MAX_SUBMITTERS: u32 = 4_096;
     /// Ring buffer bytes (a power of two, multiple of the page size).
     pub const RINGBUF_BYTES: u32 = 8 << 20;
-    /// Devices the kernel aggregates for (`agg`): a series per op each, given out to devices
-    /// as they first do IO. Further devices' IO goes as records.
+    /// The fewest devices the kernel aggregates for (`agg`): a series per op each, given out
+    /// to devices as they first do IO; further devices' IO goes as records. The loader sizes
+    /// the map to the devices traced, from this up (`tracerd::kernel::series::capacity`).
     pub const SERIES_DEVICES: u32 = 32;
 }
 

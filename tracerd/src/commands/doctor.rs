@@ -13,12 +13,13 @@ use std::{
 
 use anyhow::Result;
 use serde::Serialize;
-use tracer_common::{SeriesAgg, agg, limits};
+use tracer_common::limits;
 
 use crate::{
     kernel::btf::{Btf, VMLINUX},
     kernel::hooks::{HOOKS, Hook, HookStatus, KPROBES, kprobes_available},
     kernel::layout,
+    kernel::series,
     kernel::stacking::{self, Chain, ChainState},
     kernel::tracer::{self, CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, LoadOptions, Tracer},
     model::op::OpDecoder,
@@ -149,7 +150,7 @@ fn run_checks(load: bool, socket: &std::path::Path) -> Vec<Check> {
     }
 
     checks.push(ring_buffer_check(privileged, create_ring_buffer));
-    checks.push(aggregation_check(aya::util::nr_cpus().map_or(1, |n| n)));
+    checks.push(aggregation_check(aya::util::nr_cpus().map_or(1, |n| n), devices.len()));
     checks.push(agent_check(socket, api::call(socket, &api::Request::Status {}, "status")));
     checks.push(load_check(&load_test));
     checks.push(bpf_stats_check(read_sysctl("bpf_stats_enabled").as_deref()));
@@ -634,21 +635,23 @@ fn ring_buffer_check(privileged: bool, create: impl FnOnce(u32) -> std::io::Resu
     }
 }
 
-/// What `run`'s in-kernel aggregation takes on this machine (its per-CPU series are allocated
-/// at load, whether devices use them or not).
-fn aggregation_check(cpus: usize) -> Check {
-    let per_series = std::mem::size_of::<SeriesAgg>();
-    let per_cpu = per_series * (limits::SERIES_DEVICES * agg::OPS) as usize;
+/// What `run`'s in-kernel aggregation takes on this machine with `devices` block devices (its
+/// per-CPU series are sized at load for the devices traced, whether they do IO or not).
+fn aggregation_check(cpus: usize, devices: usize) -> Check {
+    let capacity = series::capacity(devices);
+    let per_cpu = series::bytes_per_device() * capacity as usize;
     Check::new(
         "aggregation",
         Status::Ok,
         format!(
-            "`run` counts reads and writes in the kernel for up to {} devices (then as records): {} \
-             per series and CPU, {} per CPU, {} on this machine's {cpus} CPUs",
-            limits::SERIES_DEVICES,
-            units::bytes(per_series as f64),
+            "`run` tracing all {devices} block devices counts reads and writes in the kernel for up \
+             to {capacity} devices (then as records): {} per device and CPU, {} per CPU, {} on this \
+             machine's {cpus} CPUs; at most {} per CPU for {} devices",
+            units::bytes(series::bytes_per_device() as f64),
             units::bytes(per_cpu as f64),
             units::bytes((per_cpu * cpus) as f64),
+            units::bytes(series::SERIES_BYTES_PER_CPU as f64),
+            series::capacity(usize::MAX / 2),
         ),
     )
 }
@@ -919,13 +922,22 @@ mod tests {
 
     #[test]
     fn aggregation_states_its_memory_per_cpu_and_here() {
-        let c = aggregation_check(2);
+        let c = aggregation_check(2, 5);
         assert_eq!(c.status, Status::Ok);
-        // 2,728 bytes per series; 32 devices x 2 ops per CPU.
+        // 2,728 bytes per series, a read and a write per device; at least 32 devices.
         assert!(
-            c.detail.contains("2.7KiB per series and CPU, 170.5KiB per CPU, 341.0KiB on"),
+            c.detail.contains(
+                "up to 32 devices (then as records): 5.3KiB per device and CPU, 170.5KiB per CPU, 341.0KiB on"
+            ),
             "{}",
             c.detail
+        );
+        assert!(c.detail.contains("at most 1.0MiB per CPU for 192 devices"), "{}", c.detail);
+        let many = aggregation_check(128, 60);
+        assert!(
+            many.detail.contains("all 60 block devices") && many.detail.contains("up to 90 devices"),
+            "{}",
+            many.detail
         );
     }
 

@@ -1,7 +1,7 @@
 //! The in-kernel aggregation's series (`tracer_common::agg`): which device has which series,
 //! and folding the kernel's per-CPU counters into differences the daemon adds to its
 //! histograms. Series go to devices as they first do IO, while any are free; a device without
-//! one goes on as records.
+//! one goes on as records. Their number is set at load from the devices traced ([`capacity`]).
 
 use std::collections::HashMap;
 
@@ -12,6 +12,23 @@ use aya::{
     util::nr_cpus,
 };
 use tracer_common::{SeriesAgg, agg, limits, names};
+
+/// What the series may take per CPU, all devices together: 192 devices' reads and writes.
+pub const SERIES_BYTES_PER_CPU: usize = 1 << 20;
+
+/// The bytes of one device's series (a read and a write) on one CPU.
+pub fn bytes_per_device() -> usize {
+    std::mem::size_of::<SeriesAgg>() * agg::OPS as usize
+}
+
+/// Devices to size the series for, with `targets` devices traced at start: each of them and half
+/// as many again for devices that appear later, at least [`limits::SERIES_DEVICES`], at most
+/// what [`SERIES_BYTES_PER_CPU`] holds. The kernel allocates them per CPU at load.
+pub fn capacity(targets: usize) -> u32 {
+    let most = (SERIES_BYTES_PER_CPU / bytes_per_device()) as u32;
+    let wanted = u32::try_from(targets + targets / 2).unwrap_or(u32::MAX);
+    wanted.clamp(limits::SERIES_DEVICES, most.min(limits::MAX_DEVICES))
+}
 
 /// Indices of traced devices into `SERIES_OF` (1-based, reused after a device goes).
 #[derive(Debug, Default)]
@@ -155,4 +172,20 @@ fn set_series_of(ebpf: &mut Ebpf, index: u32, series: u32) -> Result<()> {
     let mut of: Array<_, u32> = Array::try_from(ebpf.map_mut(names::SERIES_OF).context("SERIES_OF map")?)?;
     of.set(index, series, 0)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_are_sized_to_the_devices_within_a_bound_per_cpu() {
+        assert_eq!(capacity(0), limits::SERIES_DEVICES);
+        assert_eq!(capacity(20), limits::SERIES_DEVICES, "a small host keeps the minimum");
+        assert_eq!(capacity(60), 90, "60 busy disks, and half as many again");
+        let most = capacity(100_000);
+        assert!(most as usize * bytes_per_device() <= SERIES_BYTES_PER_CPU);
+        assert!((most as usize + 1) * bytes_per_device() > SERIES_BYTES_PER_CPU, "the bound is used");
+        assert_eq!(most, 192, "{} bytes per device and CPU", bytes_per_device());
+    }
 }

@@ -48,7 +48,8 @@ impl Session {
         let topo = Topology::scan()?;
         // Resolve before loading, so an unknown --device fails before anything is attached.
         let resolved = selection.resolve(&topo)?;
-        let mut tracer = Tracer::load(opts)?;
+        let opts = LoadOptions { targets: resolved.targets().count(), ..opts.clone() };
+        let mut tracer = Tracer::load(&opts)?;
         tracer.set_devices(&resolved.kernel_devs, &resolved.paths)?;
         // SAFETY: the ring buffer owns its fd and lives inside the AsyncFd until both drop.
         let attached = tracer.hooks.iter().filter(|h| h.attached()).count();

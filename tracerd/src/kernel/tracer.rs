@@ -20,7 +20,7 @@ use crate::{
     kernel::btf::{Btf, VMLINUX},
     kernel::hooks::{HOOKS, HookStatus, KPROBES, kprobes_available, load_kprobe_programs},
     kernel::layout,
-    kernel::series::{DeviceIndex, SeriesTable},
+    kernel::series::{self, DeviceIndex, SeriesTable},
     kernel::slot_view::SlotView,
     kernel::stacking::{self, Chain, ChainState},
     model::op::OpDecoder,
@@ -41,6 +41,8 @@ pub struct LoadOptions {
     pub attach: Attach,
     /// Load no kprobes (config `kprobes = false`, `--no-kprobes`).
     pub no_kprobes: bool,
+    /// Devices traced at start, which the in-kernel series are sized for ([`series::capacity`]).
+    pub targets: usize,
 }
 
 /// How the tracepoint hooks attach (`--attach`, config `attach`).
@@ -205,6 +207,8 @@ impl Tracer {
         if let Some(bytes) = opts.ring_buffer_bytes {
             loader.map_max_entries(names::EVENTS, bytes);
         }
+        let series_devices = series::capacity(opts.targets);
+        loader.map_max_entries(names::SERIES, series_devices * agg::OPS);
         let mut ebpf = loader.load(OBJECT).map_err(|e| permission_advice(e.into()))?;
         let mut hooks = Vec::new();
         for hook in HOOKS {
@@ -230,7 +234,7 @@ impl Tracer {
             }
             hooks.push(status);
         }
-        let series = SeriesTable::new(limits::SERIES_DEVICES);
+        let series = SeriesTable::new(series_devices);
         let (bio_slots, request_slots) =
             (SlotView::new(&ebpf, names::BIOS)?, SlotView::new(&ebpf, names::REQUESTS)?);
         let mut tracer = Tracer {
