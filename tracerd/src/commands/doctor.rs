@@ -651,7 +651,7 @@ fn aggregation_check(cpus: usize, devices: usize) -> Check {
             units::bytes(per_cpu as f64),
             units::bytes((per_cpu * cpus) as f64),
             units::bytes(series::SERIES_BYTES_PER_CPU as f64),
-            series::capacity(usize::MAX / 2),
+            series::most(),
         ),
     )
 }

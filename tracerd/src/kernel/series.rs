@@ -25,9 +25,13 @@ pub fn bytes_per_device() -> usize {
 /// as many again for devices that appear later, at least [`limits::SERIES_DEVICES`], at most
 /// what [`SERIES_BYTES_PER_CPU`] holds. The kernel allocates them per CPU at load.
 pub fn capacity(targets: usize) -> u32 {
-    let most = (SERIES_BYTES_PER_CPU / bytes_per_device()) as u32;
-    let wanted = u32::try_from(targets + targets / 2).unwrap_or(u32::MAX);
-    wanted.clamp(limits::SERIES_DEVICES, most.min(limits::MAX_DEVICES))
+    let wanted = u32::try_from(targets.saturating_add(targets / 2)).unwrap_or(u32::MAX);
+    wanted.clamp(limits::SERIES_DEVICES, most())
+}
+
+/// The most devices the series are ever sized for: what [`SERIES_BYTES_PER_CPU`] holds.
+pub fn most() -> u32 {
+    ((SERIES_BYTES_PER_CPU / bytes_per_device()) as u32).min(limits::MAX_DEVICES)
 }
 
 /// Indices of traced devices into `SERIES_OF` (1-based, reused after a device goes).
