@@ -132,13 +132,27 @@ fn devices_come_and_go_without_a_restart_and_vanished_series_expire() {
         traced()
     );
     // Writing and reading b's partition table is IO of b's too, perhaps traced, perhaps still
-    // in the ring buffer. Records leave it in order: once a later IO (one write to a) is
-    // counted, the partition-table IO is counted too, and the baseline holds still.
+    // in the ring buffer or in a kernel series not yet folded. A later IO being counted does
+    // not prove it counted: one write to a may come as a record at once while b's
+    // partition-table write waits in a series for the next fold (every second). So the
+    // baseline is taken once a's and b's counts have held still across three folds.
     Workload { write: true, count: 1, size: 4096, qd: 1 }.run(&a);
     assert!(
         eventually(|| count(&agent.metrics(), &a.name, "write") == 1),
         "the write to {} was never counted (waited {HANG:?})",
         a.name
+    );
+    let of = |m: &Metrics| (requests(m, &a.name), requests(m, &b.name));
+    let mut last = of(&agent.metrics());
+    assert!(
+        eventually(|| {
+            std::thread::sleep(std::time::Duration::from_secs(3));
+            let now = of(&agent.metrics());
+            std::mem::replace(&mut last, now) == now
+        }),
+        "{} and {} never stopped counting IO before the workload (waited {HANG:?}): {last:?}",
+        a.name,
+        b.name
     );
     let base = agent.metrics();
     Workload { write: false, count: 150, size: 4096, qd: 2 }.run(&a);
