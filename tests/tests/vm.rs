@@ -380,6 +380,49 @@ fn dm_integrity_data_sent_on_without_a_remap_is_linked_and_its_tags_are_its_own(
 }
 
 #[test]
+fn dm_integrity_journal_writes_name_no_upper_io_and_are_counted_as_its_own() {
+    if !ran("dmc") {
+        return;
+    }
+    let lines = json_lines("dmc_snoop");
+    let r = report("dmc_report_json");
+    // With its journal, dm-integrity copies a write's data into the journal and commits whole
+    // journal sections with dm-io, for every write since the last commit, then copies the
+    // data to its place: no lower IO names an upper write, and each is counted as its own.
+    let dev = dm_kernel_name("integ1");
+    let uppers: Vec<&Value> = lines.iter().filter(|l| l["device"] == dev.as_str()).collect();
+    let want = BTreeMap::from([("read".to_string(), 100), ("write".to_string(), 100)]);
+    assert_eq!(count_by(&uppers, |l| l["op"].as_str().unwrap().to_owned()), want, "integ1 IOs");
+    let (linked, journal) = dmc_lowers(&lines, &r, "ram26", "write");
+    assert_eq!(linked, 0, "ram26: no write names an integ1 write");
+    assert!(journal > 0, "the journal commits are written");
+    // A read of data still in the journal is served from memory, with no lower IO; any other
+    // is dm's clone sent on without a remap, linked one to one.
+    let mut read_linked = 0;
+    for u in &uppers {
+        match u["layers"].as_array() {
+            None => {}
+            Some(layers) if u["op"] == "read" => {
+                assert_eq!(layers.len(), 1, "{u}");
+                assert_eq!((&layers[0]["lower"], &layers[0]["ios"]), (&"ram26".into(), &1.into()), "{u}");
+                assert_layers_add_up(u);
+                read_linked += 1;
+            }
+            Some(_) => panic!("integ1: a write linked below: {u}"),
+        }
+    }
+    assert_eq!(
+        dmc_lowers(&lines, &r, "ram26", "read").0,
+        read_linked,
+        "ram26 reads that name an integ1 read"
+    );
+    eprintln!(
+        "integ1: {read_linked} of 100 reads from ram26, the rest from the journal; {journal} journal writes"
+    );
+    assert_counts_match_diskstats(&r, "dmc_diskstats", &[&dev]);
+}
+
+#[test]
 fn dm_writecache_writes_and_cached_reads_are_linked_to_the_cache_disk() {
     if !ran("dmc") {
         return;

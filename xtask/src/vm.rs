@@ -994,8 +994,8 @@ printf "\nVM-BOOTED %s scenarios=%s absent=%s\n" "$(uname -r)" "$scenarios" "$ab
 vm_load() {{ vm_have "$1" && ! vm_listed "$1" "$builtin" || return 0; modprobe "$@" || vm_fail "modprobe $1"; }}
 # ram0-1 md0, ram2 lin0, ram3 crypt0, ram4 delay0, ram5-6 the thin pool's metadata and data,
 # ram7-8 md1 (raid10), ram16-17 md4 (raid0, both made by the md scenario), ram9-11 md2 (raid5)
-# and ram12-15 md3 (raid6, both made by the raid5 scenario), ram18-25 the dmc scenario's targets.
-vm_load brd rd_nr=26 rd_size=65536
+# and ram12-15 md3 (raid6, both made by the raid5 scenario), ram18-26 the dmc scenario's targets.
+vm_load brd rd_nr=27 rd_size=65536
 vm_load raid0
 vm_load raid1
 vm_load raid10

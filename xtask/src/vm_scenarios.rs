@@ -269,7 +269,7 @@ dmsetup remove thin0 && dmsetup remove pool && dmsetup remove delay0 && dmsetup 
 /// a persistent snapshot (snap0 over ram18, its COW store on ram19) with its origin (snaporig),
 /// dm-integrity without a journal over ram20 (integ0), dm-writecache in SSD mode (wc0: origin
 /// ram21, cache ram22) and dm-cache in writeback mode with smq (cache0: metadata ram23, cache
-/// ram24, origin ram25). 100 page writes and 100 page reads at qd 2 on each, the writes first:
+/// ram24, origin ram25); and integ1, dm-integrity with its journal over ram26. 100 page writes and 100 page reads at qd 2 on each, the writes first:
 /// each origin write copies its chunk to the COW store before it goes on, and the snapshot's
 /// reads then find those chunks there. /proc/diskstats is read once the disks are quiet (the
 /// targets' own metadata commits are 100 ms or 1 s timers), before and after.
@@ -287,25 +287,31 @@ dmsetup create integ0 --table "0 8 $integrity" || vm_fail "dmsetup create integ0
 provided=$(dmsetup status integ0 | cut -d' ' -f5)
 dmsetup remove integ0 && dmsetup create integ0 --table "0 $provided $integrity" \
     || vm_fail "dmsetup create integ0 with $provided sectors"
+# integ1: dm-integrity with its journal (integritysetup's default) over ram26.
+journal="integrity /dev/ram26 0 4 J 2 internal_hash:crc32c commit_time:100"
+dmsetup create integ1 --table "0 8 $journal" || vm_fail "dmsetup create integ1 (format)"
+provided=$(dmsetup status integ1 | cut -d' ' -f5)
+dmsetup remove integ1 && dmsetup create integ1 --table "0 $provided $journal" \
+    || vm_fail "dmsetup create integ1 with $provided sectors"
 dmsetup create wc0 --table "0 131072 writecache s /dev/ram21 /dev/ram22 4096 2 autocommit_time 100" \
     || vm_fail "dmsetup create wc0"
 dmsetup create cache0 --table "0 131072 cache /dev/ram23 /dev/ram24 /dev/ram25 128 1 writeback smq 0" \
     || vm_fail "dmsetup create cache0"
 echo "dm devices: $(for d in /sys/block/dm-*; do echo "$(basename $d)=$(cat $d/dm/name)"; done | tr '\n' ' ')"
 # dm counts its IO in /proc/diskstats (brd does not).
-disks=$(for d in /sys/block/dm-*; do case $(cat $d/dm/name) in snaporig|snap0|integ0|wc0|cache0) basename $d;; esac; done | tr '\n' '|')
+disks=$(for d in /sys/block/dm-*; do case $(cat $d/dm/name) in snaporig|snap0|integ0|integ1|wc0|cache0) basename $d;; esac; done | tr '\n' '|')
 disks=${disks%|}
 # vm_quiet: waits until no dm device of the scenario has moved for 3 s (commit timers fired).
 vm_quiet() { vm_until "the dmc disks never went quiet" dmc_still; }
 dmc_still() { a=$(grep -E " ($disks) " /proc/diskstats); sleep 3; [ "$a" = "$(grep -E " ($disks) " /proc/diskstats)" ]; }
 vm_quiet
-trace_start dmc_snoop snoop --json --device snaporig --device snap0 --device integ0 --device wc0 --device cache0
+trace_start dmc_snoop snoop --json --device snaporig --device snap0 --device integ0 --device integ1 --device wc0 --device cache0
 trace_start dmc_report_json report --json --duration 600 --device snaporig --device snap0 --device integ0 \
-    --device wc0 --device cache0
+    --device integ1 --device wc0 --device cache0
 diskstats dmc_diskstats_before "$disks"
 /bin/iogen /dev/mapper/snaporig write 100 4096 2
 /bin/iogen /dev/mapper/snap0 read 100 4096 2
-for d in integ0 wc0 cache0; do
+for d in integ0 integ1 wc0 cache0; do
     /bin/iogen /dev/mapper/$d write 100 4096 2
     /bin/iogen /dev/mapper/$d read 100 4096 2
 done
@@ -313,7 +319,7 @@ vm_quiet
 diskstats dmc_diskstats_after "$disks"
 for t in dmc_snoop dmc_report_json; do trace_stop $t; done
 for t in dmc_snoop dmc_report_json dmc_diskstats_before dmc_diskstats_after; do emit $t; done
-for d in cache0 wc0 integ0 snaporig snap0; do dmsetup remove $d || echo "VM-WARNING dmsetup remove $d failed"; done"#,
+for d in cache0 wc0 integ1 integ0 snaporig snap0; do dmsetup remove $d || echo "VM-WARNING dmsetup remove $d failed"; done"#,
     )
 }
 
