@@ -11,3 +11,4 @@ pub mod session;
 pub mod slot_view;
 pub mod stacking;
 pub mod tracer;
+pub mod uevents;

@@ -11,6 +11,7 @@ use tracer_common::{IoRecord, flag, kind, own};
 use crate::{
     kernel::record,
     kernel::tracer::{LoadOptions, ProgramTotals, Tracer},
+    kernel::uevents::{Rescan, Uevents},
     model::aggregate::Lost,
     model::layers::{LayerSplit, Layers, MAX_LOWERS},
     model::selection::{Resolved, Selection},
@@ -26,8 +27,11 @@ pub struct Io<'a> {
     pub layers: &'a [LayerSplit],
 }
 
-/// How often the ring buffer is drained when the kernel has not woken us.
+/// How often the ring buffer is drained when the kernel has not woken us, while records come.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
+/// The longest wait between drains: each empty drain doubles the wait up to it, so that an
+/// agent whose IO is counted in the kernel does not wake 50 times a second for nothing.
+const POLL_IDLE: Duration = Duration::from_millis(320);
 
 pub struct Session {
     pub tracer: Tracer,
@@ -40,11 +44,22 @@ pub struct Session {
     layers: Layers,
     /// All records read, including those of untraced devices.
     pub records: u64,
+    /// Block device events, where the socket opened: sysfs is rescanned when they say so.
+    uevents: Option<Uevents>,
+    rescan: Rescan,
+    /// The wait before the next drain (POLL_INTERVAL to POLL_IDLE).
+    poll: Duration,
 }
 
 impl Session {
     /// Resolves the devices, loads and attaches the programs. Needs a tokio runtime.
     pub fn start(selection: Selection, opts: &LoadOptions) -> Result<Session> {
+        // Listening before the first scan: no device can come between the two unseen.
+        let uevents = Uevents::open()
+            .inspect_err(|e| {
+                tracing::info!("no device events ({e}): block devices are rescanned every second instead")
+            })
+            .ok();
         let topo = Topology::scan()?;
         // Resolve before loading, so an unknown --device fails before anything is attached.
         let resolved = selection.resolve(&topo)?;
@@ -65,11 +80,18 @@ impl Session {
             own_lost: Lost::default(),
             layers: Layers::default(),
             records: 0,
+            uevents,
+            rescan: Rescan::default(),
+            poll: POLL_INTERVAL,
         })
     }
 
-    /// Picks up devices that came or went since the last scan.
+    /// Picks up devices that came or went since the last scan; called every second, it scans
+    /// sysfs when a device event came, and otherwise only now and then (`kernel::uevents`).
     pub fn refresh_devices(&mut self) -> Result<()> {
+        if !self.rescan.due(self.uevents.as_mut().map(Uevents::block_changed)) {
+            return Ok(());
+        }
         let topo = Topology::scan()?;
         // IOs still in flight on a device that vanished will never complete here.
         let gone: std::collections::HashSet<u32> =
@@ -126,8 +148,8 @@ impl Session {
 
     /// Waits until records are ready, then hands each to `f` with its traced device.
     /// The kernel commits records without waking us (a wakeup per IO costs an IPI), so this
-    /// also returns every POLL_INTERVAL to drain what accumulated; a reader far behind is
-    /// woken at once.
+    /// also returns every POLL_INTERVAL to drain what accumulated, less often while nothing
+    /// does (up to POLL_IDLE); a reader far behind is woken at once.
     pub async fn read(&mut self, f: impl FnMut(&Io, &Topology)) -> Result<()> {
         let mut reader = Reader {
             resolved: &self.resolved,
@@ -135,7 +157,7 @@ impl Session {
             layers: &mut self.layers,
             decode_errors: &mut self.own_lost.decode_error,
         };
-        let n = match tokio::time::timeout(POLL_INTERVAL, self.events.readable_mut()).await {
+        let n = match tokio::time::timeout(self.poll, self.events.readable_mut()).await {
             Ok(guard) => {
                 let mut guard = guard?;
                 let n = reader.drain(guard.get_inner_mut(), f);
@@ -144,6 +166,7 @@ impl Session {
             }
             Err(_) => reader.drain(self.events.get_mut(), f),
         };
+        self.poll = if n == 0 { (self.poll * 2).min(POLL_IDLE) } else { POLL_INTERVAL };
         self.records += n;
         Ok(())
     }
