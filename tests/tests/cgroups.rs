@@ -242,6 +242,80 @@ fn direct_ios_from_two_cgroups_are_counted_under_each_exactly() {
     }
 }
 
+/// With cgroup labels the kernel keeps a series per (cgroup, device, op): a cgroup's first IO
+/// comes as a record and gives its key a series; from then on its IO is counted in the kernel,
+/// under the same label. `--aggregation check` has the kernel send those IOs as records too,
+/// and compares its per-cgroup counters with them on exit, cgroup by cgroup.
+#[test]
+fn per_cgroup_series_are_counted_in_the_kernel_and_equal_the_records() {
+    require_root();
+    let l = layout();
+    let dev = LoopDevice::new(64);
+    let tmp = TempDir::new();
+    let cfg = config(&tmp, "[cgroups]\nlabel = \"path\"\n");
+    let mut agent = Tracerd::run(&["--config", &cfg, "--device", &dev.name, "--aggregation", "check"]);
+    let (a, b) = (Cgroup::blkio(&l, "ka"), Cgroup::v2(&l, "kb"));
+    let iogen = iogen_bin();
+    let iogen = iogen.to_str().unwrap();
+    a.run(&[iogen, &dev.path, "read", "100", "4096", "4"]);
+    b.run(&[iogen, &dev.path, "write", "100", "8192", "2"]);
+    let used = |m: &tracerd_tests::Metrics| m.get("tracerd_kernel_cgroup_series", &[("state", "used")]);
+    assert!(eventually(|| used(&agent.metrics()) >= 2.0), "no kernel series for the two cgroups");
+    let m = agent.metrics();
+    assert!(m.get("tracerd_kernel_cgroup_series", &[("state", "capacity")]) >= 300.0, "{m:?}");
+    let kernel_before = m.get("tracerd_kernel_requests_total", &[]);
+    a.run(&[iogen, &dev.path, "read", "400", "4096", "4"]);
+    b.run(&[iogen, &dev.path, "write", "300", "8192", "2"]);
+
+    let n = |m: &tracerd_tests::Metrics, c: &Cgroup, op: &str| {
+        m.get("tracerd_io_requests_total", &[("device", &dev.name), ("op", op), ("cgroup", &c.path)])
+    };
+    let counted = eventually(|| {
+        let m = agent.metrics();
+        n(&m, &a, "read") + n(&m, &b, "write") + missed_completions(&m) as f64 == 900.0
+    });
+    let m = agent.metrics();
+    assert!(counted, "never 500 reads under {} and 400 writes under {}: {m:?}", a.path, b.path);
+    let missed = missed_completions(&m);
+    assert!(agent.stop(libc::SIGINT).success(), "the check failed:\n{}", agent.stdout_text());
+    if missed > 0 {
+        note_missed("per_cgroup_series_are_counted_in_the_kernel_and_equal_the_records", missed);
+        return;
+    }
+    assert_eq!((n(&m, &a, "read"), n(&m, &b, "write")), (500.0, 400.0));
+    assert_eq!(
+        m.get(
+            "tracerd_io_stage_seconds_count",
+            &[("device", &dev.name), ("op", "read"), ("cgroup", &a.path), ("stage", "q2c")]
+        ),
+        500.0
+    );
+    assert_eq!(
+        m.get("tracerd_io_bytes_total", &[("device", &dev.name), ("op", "write"), ("cgroup", &b.path)]),
+        400.0 * 8192.0
+    );
+    // The second runs' IO went through the kernel's per-cgroup series, not the ring buffer.
+    let in_kernel = m.get("tracerd_kernel_requests_total", &[]) - kernel_before;
+    assert!(in_kernel >= 700.0, "{in_kernel} requests counted in the kernel, not 700");
+
+    // The check's verdict, one line per (device, op, cgroup): the kernel's counters equal the
+    // records of the same IOs, and every series is a cgroup's.
+    let out = agent.stdout_text();
+    assert!(!out.contains("DIFFER"), "{out}");
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("aggregation check: ")).collect();
+    assert!(lines.iter().all(|l| l.contains(" cgroup ")), "{out}");
+    let task = |c: &Cgroup| if c.from == "task" { " (task)" } else { "" };
+    for (c, op, want) in [(&a, "read", 400), (&b, "write", 300)] {
+        let id = std::os::unix::fs::MetadataExt::ino(&fs::metadata(&c.dir).unwrap());
+        let line = format!(
+            "aggregation check: {} {op} cgroup {id}{}: {want} requests, kernel and records agree",
+            dev.name,
+            task(c)
+        );
+        assert!(lines.contains(&line.as_str()), "no '{line}' in:\n{out}");
+    }
+}
+
 #[test]
 fn buffered_writes_are_charged_to_the_cgroup_that_dirtied_them() {
     require_root();
@@ -322,10 +396,15 @@ fn short_lived_cgroups_stay_within_the_bound_expire_and_leak_nothing() {
             c.run(&[iogen.to_str().unwrap(), &dev.path, "read", "5", "4096", "1"]);
         }
         // A completion the kernel skipped (docs/internals/missed-completions.md) sends no
-        // record; it is counted instead, and the bound, folding and expiry still hold.
+        // record; it is counted instead, and the bound, folding and expiry still hold. A
+        // cgroup's first IO comes as a record; once its key has a series in the kernel, its IO
+        // is counted there.
         let want = (round * 1000) as f64;
-        let read =
-            |m: &tracerd_tests::Metrics| m.get("tracerd_records_total", &[]) + missed_completions(m) as f64;
+        let read = |m: &tracerd_tests::Metrics| {
+            m.get("tracerd_records_total", &[])
+                + m.get("tracerd_kernel_requests_total", &[])
+                + missed_completions(m) as f64
+        };
         if !eventually(|| read(&agent.metrics()) >= want) {
             let m = agent.metrics();
             let counts: Vec<_> = m
@@ -354,11 +433,13 @@ fn short_lived_cgroups_stay_within_the_bound_expire_and_leak_nothing() {
         let folded = m.sum("tracerd_cgroup_folded_requests_total", &[]);
         assert!(folded > 0.0, "200 cgroups never hit a bound of 10 (within 15 s of each other)");
         assert_eq!(other(&m), folded, "IOs under other = IOs folded");
-        // Every cgroup went: their series expire and their names are forgotten; other stays.
+        // Every cgroup went: their series expire, in the daemon and in the kernel, and their
+        // names are forgotten; other stays.
         let expired = eventually(|| {
             let m = agent.metrics();
             m.get("tracerd_cgroup_labels", &[("state", "used")]) == 0.0
                 && m.get("tracerd_cgroup_names", &[]) == 0.0
+                && m.get("tracerd_kernel_cgroup_series", &[("state", "used")]) == 0.0
         });
         let m = agent.metrics();
         assert!(expired, "series or names never expired: {m:?}");

@@ -76,10 +76,10 @@ fn exemplars_and_native_histograms_reach_a_real_prometheus() {
     let dev = LoopDevice::new(128);
     let dir = tracerd_tests::TempDir::new();
     let cfg = dir.file("tracerd.toml");
-    // Per-cgroup series: the agent aggregates every IO's record, so every bucket an IO fell
-    // in has an exemplar (with the in-kernel aggregation, only the slow IOs' buckets do).
+    // Per-cgroup series, every IO aggregated from its record: every bucket an IO fell in has
+    // an exemplar (with the in-kernel aggregation, only the slow IOs' buckets do).
     std::fs::write(&cfg, "[cgroups]\nlabel = \"path\"\n").unwrap();
-    let agent = Tracerd::run(&["--config", &cfg, "--device", &dev.name]);
+    let agent = Tracerd::run(&["--config", &cfg, "--device", &dev.name, "--aggregation", "records"]);
     let addr = agent.addr.clone().unwrap();
     // One server per exposition: OpenMetrics text with exemplars, and protobuf with native
     // histograms (Prometheus 2.42 ingests a histogram with native buckets as native only).

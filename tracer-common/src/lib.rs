@@ -348,7 +348,27 @@ pub struct Settings {
     pub op_mask: u32,
     pub op_read: u32,
     pub op_write: u32,
-    pub _pad: u32,
+    /// Non-zero when the agent labels series by cgroup: the queue program reads each bio's
+    /// cgroup, and a request is counted in its (cgroup, device, op) series
+    /// (`CgroupSeriesKey`), not its device's.
+    pub cgroups: u32,
+}
+
+/// Key of a per-cgroup series of the in-kernel aggregation (map `CGROUP_SERIES`; the value is
+/// the index of its `SeriesAgg` in `CGROUP_AGG`). Given out by the daemon when a record of an
+/// unknown key arrives, as device series are.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CgroupSeriesKey {
+    /// [`IoRecord::cgroup`].
+    pub cgroup: u64,
+    /// The device's series (1-based, as in `SERIES_OF`).
+    pub series: u32,
+    /// `agg::READ` or `agg::WRITE`.
+    pub op: u16,
+    /// 1 when the cgroup is the submitting task's ([`flag::CGROUP_TASK`]): its id is then of
+    /// the v2 hierarchy, else of the io controller's.
+    pub task: u16,
 }
 
 /// A request seen at I or D and not yet fully completed. Key: `struct request *`.
@@ -656,6 +676,8 @@ pub mod names {
     pub const SETTINGS: &str = "SETTINGS";
     pub const SERIES: &str = "SERIES";
     pub const SERIES_OF: &str = "SERIES_OF";
+    pub const CGROUP_SERIES: &str = "CGROUP_SERIES";
+    pub const CGROUP_AGG: &str = "CGROUP_AGG";
     pub const STREAM: &str = "STREAM";
     pub const SLOW_NS: &str = "SLOW_NS";
     pub const STACK: &str = "STACK";
@@ -675,6 +697,7 @@ mod user {
     unsafe impl aya::Pod for Settings {}
     unsafe impl aya::Pod for StackLayout {}
     unsafe impl aya::Pod for SeriesAgg {}
+    unsafe impl aya::Pod for CgroupSeriesKey {}
 }
 
 #[cfg(test)]

@@ -1,12 +1,13 @@
 //! In-kernel aggregation for the agent: a completed read or write of a device with a series is
 //! counted into this CPU's `SeriesAgg` (stages, queue depth, path), instead of crossing the
-//! ring buffer as a record. The daemon folds the per-CPU counters into its histograms.
+//! ring buffer as a record; with cgroup labels on, into its (cgroup, device, op) series. The
+//! daemon folds the per-CPU counters into its histograms.
 
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
-use tracer_common::{DeviceState, IoRecord, SeriesAgg, agg, event, flag};
+use tracer_common::{CgroupSeriesKey, DeviceState, IoRecord, SeriesAgg, agg, event, flag};
 
-use crate::maps::{DEVICES, SERIES, SERIES_OF, settings};
+use crate::maps::{CGROUP_AGG, CGROUP_SERIES, DEVICES, SERIES, SERIES_OF, settings};
 
 /// Adds to a per-CPU counter. Atomic (a local, uncontended cache line) because a program run
 /// in task context can be preempted by another on the same CPU on preemptible kernels.
@@ -55,6 +56,25 @@ pub(crate) fn aggregate(rec: &IoRecord, disk: Option<*mut DeviceState>) -> bool 
     }
     if series == 0 {
         return false;
+    }
+    if s.cgroups != 0 {
+        // Labelled by cgroup: the (cgroup, device, op) series alone; the daemon adds it to the
+        // device's when it folds. A key it has not given out yet: a record.
+        let key = CgroupSeriesKey {
+            cgroup: rec.cgroup,
+            series,
+            op: op as u16,
+            task: (rec.flags & flag::CGROUP_TASK != 0) as u16,
+        };
+        // SAFETY: copy out of a map value.
+        let Some(index) = (unsafe { CGROUP_SERIES.get(&key) }).copied() else {
+            return false;
+        };
+        let Some(a) = CGROUP_AGG.get_ptr_mut(index) else {
+            return false;
+        };
+        count(a, rec);
+        return true;
     }
     let Some(a) = SERIES.get_ptr_mut((series - 1) * agg::OPS + op) else {
         return false;

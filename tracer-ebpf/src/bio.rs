@@ -40,13 +40,15 @@ pub(crate) fn on_bio_queue<M: Mem>(bio: u64) {
     state.bytes = M::read(bio, l.bio_bi_size);
     // Who queued the bio: the pid always (a slow IO's record names it; the daemon reads its
     // comm and cgroup from /proc), the comm and the cgroup only where IOs are shown whole
-    // (records, a view streaming): the agent's in-kernel aggregation pays for neither.
+    // (records, a view streaming), the cgroup where series carry it: the agent's in-kernel
+    // aggregation pays for neither otherwise.
     state.pid = bpf_get_current_pid_tgid() as u32;
-    if settings().aggregate == agg::mode::RECORDS || streaming() {
-        (state.cgroup, state.flags) = bio_cgroup::<M>(l, bio);
+    let s = settings();
+    let whole = s.aggregate == agg::mode::RECORDS || streaming();
+    (state.cgroup, state.flags) = if whole || s.cgroups != 0 { bio_cgroup::<M>(l, bio) } else { (0, 0) };
+    if whole {
         read_current_comm(l, &mut state.comm);
     } else {
-        (state.cgroup, state.flags) = (0, 0);
         // Two word stores: `= [0; 16]` compiles to a call of a byte-loop memset.
         let words = (&raw mut state.comm).cast::<u64>();
         // SAFETY: `comm` is 16 bytes at an 8-aligned offset of the slot value.

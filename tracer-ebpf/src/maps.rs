@@ -10,7 +10,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use tracer_common::{
-    BioState, DeviceState, IoRecord, KernelLayout, RequestState, SeriesAgg, Settings, Slot, StackLayout,
+    BioState, CgroupSeriesKey, DeviceState, IoRecord, KernelLayout, RequestState, SeriesAgg, Settings, Slot, StackLayout,
     SubmitState, agg, event, limits, lost,
 };
 
@@ -45,7 +45,7 @@ pub(crate) static SETTINGS: Settings = Settings {
     op_mask: 0,
     op_read: 0,
     op_write: 0,
-    _pad: 0,
+    cgroups: 0,
 };
 
 /// The in-kernel aggregation (`tracer_common::agg`): per CPU, one entry per (device series,
@@ -59,6 +59,15 @@ pub(crate) static SERIES: PerCpuArray<SeriesAgg> =
 /// in-flight count.
 #[map]
 pub(crate) static SERIES_OF: Array<u32> = Array::with_max_entries(limits::MAX_DEVICES + 1, 0);
+
+/// Per-cgroup series, with `Settings::cgroups`: (cgroup, device series, op) to an index into
+/// `CGROUP_AGG`. Written by the daemon; sized at load (one entry where labels are off).
+#[map]
+pub(crate) static CGROUP_SERIES: HashMap<CgroupSeriesKey, u32> = HashMap::with_max_entries(1, 0);
+
+/// The per-cgroup series' counters, per CPU, by the index `CGROUP_SERIES` gives.
+#[map]
+pub(crate) static CGROUP_AGG: PerCpuArray<SeriesAgg> = PerCpuArray::with_max_entries(1, 0);
 
 /// Non-zero while a view streams IOs from the agent: IOs the kernel aggregates are then sent
 /// as records too (flagged `IN_KERNEL`). Written by the daemon; `SETTINGS` cannot change after

@@ -38,8 +38,8 @@ enum Variant {
     /// The agent with every IO as a record (`--aggregation records`), as before the kernel
     /// aggregated: what in-kernel aggregation saves.
     TracerdRunRecords,
-    /// The agent with a cgroup label (`[cgroups] label = "path"`): every IO as a record,
-    /// aggregated per cgroup too.
+    /// The agent with a cgroup label (`[cgroups] label = "path"`): the kernel counts each IO in
+    /// its (cgroup, device, op) series.
     TracerdRunCgroups,
     TracerdSnoop,
     TracerdReport,

@@ -17,6 +17,7 @@ use tracer_common::limits;
 
 use crate::{
     kernel::btf::{Btf, VMLINUX},
+    kernel::cgroup_series,
     kernel::hooks::{HOOKS, Hook, HookStatus, KPROBES, kprobes_available},
     kernel::layout,
     kernel::series,
@@ -640,18 +641,23 @@ fn ring_buffer_check(privileged: bool, create: impl FnOnce(u32) -> std::io::Resu
 fn aggregation_check(cpus: usize, devices: usize) -> Check {
     let capacity = series::capacity(devices);
     let per_cpu = series::bytes_per_device() * capacity as usize;
+    let cgroup_per_cpu = cgroup_series::capacity() as usize * std::mem::size_of::<tracer_common::SeriesAgg>();
     Check::new(
         "aggregation",
         Status::Ok,
         format!(
             "`run` tracing all {devices} block devices counts reads and writes in the kernel for up \
              to {capacity} devices (then as records): {} per device and CPU, {} per CPU, {} on this \
-             machine's {cpus} CPUs; at most {} per CPU for {} devices",
+             machine's {cpus} CPUs; at most {} per CPU for {} devices. With a cgroup label, \
+             {} (cgroup, device, op) series take {} more per CPU, {} here",
             units::bytes(series::bytes_per_device() as f64),
             units::bytes(per_cpu as f64),
             units::bytes((per_cpu * cpus) as f64),
             units::bytes(series::SERIES_BYTES_PER_CPU as f64),
             series::most(),
+            cgroup_series::capacity(),
+            units::bytes(cgroup_per_cpu as f64),
+            units::bytes((cgroup_per_cpu * cpus) as f64),
         ),
     )
 }

@@ -14,6 +14,7 @@ use crate::{
     commands::capture::hostname,
     commands::snoop,
     config::Config,
+    kernel::cgroup_series::{self, CgroupOf},
     kernel::cgroupfs::{CgroupNames, Named},
     kernel::session::{Io, Session, shutdown_signal},
     kernel::tracer::{self, Aggregation, LoadOptions, kernel_release},
@@ -51,15 +52,10 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
     let security = http::Security::load(&config.http)?;
     let scheme = security.scheme();
     let (api_listener, _socket_file) = api::bind(&config.socket)?;
-    if config.cgroups.enabled() && opts.aggregation != Aggregation::Records {
-        // The kernel's series are per device and op: per-cgroup series need each IO's record.
-        tracing::info!(
-            "cgroups.label = {:?}: every IO is sent as a record and aggregated per cgroup here \
-             (the in-kernel aggregation keeps no per-cgroup series; docs/guide/cgroups.md)",
-            config.cgroups.label
-        );
-        opts.aggregation = Aggregation::Records;
-    }
+    // Labelled by cgroup, the kernel keeps (cgroup, device, op) series; a key idle for a while
+    // gives its place back (at the latest when its label would expire).
+    opts.cgroups = config.cgroups.enabled() && opts.aggregation != Aggregation::Records;
+    opts.cgroup_idle = cgroup_series::IDLE.min(config.cgroups.expire_after);
     let mut session = Session::start(selection, &opts)?;
     let ops = session.tracer.ops;
     let aggregation = opts.aggregation;
@@ -76,6 +72,7 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
         } else {
             session.tracer.series.usage()
         },
+        kernel_cgroup_series: opts.cgroups.then(|| session.tracer.cgroup_series.usage()),
         cgroups: config.cgroups.enabled().then(|| CgroupSeries::new(config.cgroups.clone())),
         ..Default::default()
     }));
@@ -115,7 +112,9 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
     let resolution_ms = config.recorder.resolution.as_millis() as u64;
     // Devices whose reads and writes came as records: each gets a series if one is free.
     let wants_series = RefCell::new(HashSet::new());
-    let check = RefCell::new(Check::default());
+    // Likewise (cgroup, device, op) keys, where series are labelled by cgroup.
+    let wants_cgroup_series = RefCell::new(HashSet::new());
+    let check = RefCell::new(Check { by_cgroup: opts.cgroups, ..Check::default() });
     let on_io = |io: &Io, topo: &Topology| {
         let op = ops.op(io.rec.cmd_flags);
         // A slow IO of the in-kernel aggregation comes without comm and cgroup (the queue
@@ -134,9 +133,14 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
         let mut named_label: Option<Arc<str>> = None;
         if io.rec.flags & flag::IN_KERNEL != 0 {
             // Counted in the kernel already: here for the check, or for a stream (and as a
-            // slow IO, for the exemplars).
+            // slow IO, for the exemplars, which name the series it was counted in).
             if aggregation == Aggregation::Check {
                 check.borrow_mut().count_record(io.target, op, io.rec);
+            }
+            if let Some(c) = &st.cgroups {
+                let l = c.limits.label_of(&named);
+                label = Some(c.counted_under(l.as_deref().map_err(|e| *e)));
+                named_label = l.ok().map(Arc::from);
             }
         } else {
             frame.borrow_mut().add_record(io.target, op, io.rec, io.layers);
@@ -157,13 +161,21 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
                 && matches!(op, Op::Read | Op::Write)
             {
                 wants_series.borrow_mut().insert(io.target);
+                if opts.cgroups {
+                    let op = if op == Op::Read { agg::READ } else { agg::WRITE };
+                    let task = io.rec.flags & flag::CGROUP_TASK != 0;
+                    let of = CgroupOf { dev: io.target, op, cgroup: io.rec.cgroup, task };
+                    wants_cgroup_series.borrow_mut().insert(of);
+                }
             }
         }
         // Exemplars: every IO seen whole with its names; of the agent's slow IOs, those kept.
         let (comm, named) = match (from_proc, kept) {
-            (false, _) => {
+            (false, kept) => {
+                // A slow IO the kernel counted carries its cgroup but no comm: /proc's, if kept.
                 let comm = crate::kernel::record::comm(io.rec);
-                ((!comm.is_empty()).then(|| comm.into()), named)
+                let comm = if comm.is_empty() { kept.and_then(|k| k.0) } else { Some(comm.into()) };
+                (comm, named)
             }
             (true, Some(kept)) => kept,
             (true, None) => return,
@@ -189,11 +201,14 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
             }
             _ = tick.tick() => {
                 ticks += 1;
-                fold_kernel(&mut session, &state, &frame, (aggregation == Aggregation::Check).then_some(&check))?;
+                fold_kernel(&mut session, &state, &frame, &cgroup_names, (aggregation == Aggregation::Check).then_some(&check))?;
                 for dev in wants_series.borrow_mut().drain() {
                     if kernel_may_count(&session, dev) && session.tracer.give_series(dev)? {
                         shared.slowest.lock().unwrap_or_else(|e| e.into_inner()).track(dev);
                     }
+                }
+                for of in wants_cgroup_series.borrow_mut().drain() {
+                    session.tracer.give_cgroup_series(of)?;
                 }
                 shared.slowest.lock().unwrap_or_else(|e| e.into_inner()).tick(unix_ms());
                 set_slow_bars(&mut session, &shared)?;
@@ -219,7 +234,7 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
                     }
                     // A completion that had already found the series as it stopped may land
                     // after this fold: at most one IO per CPU, in the instant a stack is built.
-                    fold_kernel(&mut session, &state, &frame, (aggregation == Aggregation::Check).then_some(&check))?;
+                    fold_kernel(&mut session, &state, &frame, &cgroup_names, (aggregation == Aggregation::Check).then_some(&check))?;
                     for dev in stacked_on {
                         session.tracer.release_series(dev)?;
                         tracing::info!("{}: a stack was built on it; its IO now goes as records", session.topo.name_of(dev));
@@ -254,6 +269,9 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
                 if aggregation != Aggregation::Records {
                     st.kernel_series = session.tracer.series.usage();
                 }
+                if opts.cgroups {
+                    st.kernel_cgroup_series = Some(session.tracer.cgroup_series.usage());
+                }
                 // Ticks come every second; a frame ends at the tick nearest its length.
                 let now = unix_ms();
                 if now.saturating_sub(frame_start) + 500 >= resolution_ms {
@@ -287,7 +305,13 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
         // Every IO done before the signal has its record in the ring buffer and its counts in
         // the kernel: take both, then compare.
         session.drain_now(on_io);
-        fold_kernel(&mut session, &state, &frame, (aggregation == Aggregation::Check).then_some(&check))?;
+        fold_kernel(
+            &mut session,
+            &state,
+            &frame,
+            &cgroup_names,
+            (aggregation == Aggregation::Check).then_some(&check),
+        )?;
         let topo = session.topo.clone();
         check.borrow().verdict(|d| topo.name_of(d))?;
     }
@@ -389,42 +413,61 @@ fn aggregation_name(a: Aggregation) -> &'static str {
 }
 
 /// Adds what the kernel counted since the last fold to the series and to the recorder's
-/// frame (and to the check: `check` is None unless `--aggregation check`).
+/// frame (and to the check: `check` is None unless `--aggregation check`). A cgroup's series
+/// is named now, and counted under its label (or `other`) as its records would be.
 fn fold_kernel(
     session: &mut Session,
     state: &Mutex<State>,
     frame: &RefCell<FrameBuilder>,
+    names: &RefCell<CgroupNames>,
     check: Option<&RefCell<Check>>,
 ) -> Result<()> {
     let topo = &session.topo;
-    let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+    let mut guard = state.lock().unwrap_or_else(|e| e.into_inner());
+    let st = &mut *guard;
     let mut check = check.map(RefCell::borrow_mut);
-    session.tracer.fold_series(|dev, op, counted| {
+    let mut names = names.borrow_mut();
+    let now = std::time::Instant::now();
+    session.tracer.fold_series(|dev, op, cgroup, counted| {
         let op = if op == agg::READ { Op::Read } else { Op::Write };
+        st.kernel_requests += counted.requests;
         st.agg.add_kernel(dev, op, counted, |d| topo.name_of(d));
         frame.borrow_mut().add_kernel(dev, op, counted);
+        if let (Some(of), Some(c)) = (cgroup, &mut st.cgroups) {
+            let hierarchy = names.mounts.hierarchy(of.task);
+            let named = names.named(hierarchy, of.cgroup);
+            let l = c.limits.label_of(&named);
+            let under = c.add_kernel(dev, op, counted, l.as_deref().map_err(|e| *e), now);
+            frame.borrow_mut().add_cgroup_kernel(dev, op, under, counted);
+        }
         if let Some(check) = check.as_mut() {
-            check.count_kernel(dev, op, counted);
+            check.count_kernel(dev, op, cgroup.map(|of| (of.cgroup, of.task)), counted);
         }
     })
 }
 
 /// `--aggregation check`: the kernel's counters beside the same IOs' records, counted in the
 /// daemon with its own stage definitions. Equal, series by series, or the run fails.
+/// With cgroup labels, series by cgroup id (and whether it is the task's) too.
 #[derive(Debug, Default)]
 struct Check {
-    kernel: BTreeMap<(u32, Op), SeriesAgg>,
-    records: BTreeMap<(u32, Op), SeriesAgg>,
+    by_cgroup: bool,
+    kernel: BTreeMap<CheckKey, SeriesAgg>,
+    records: BTreeMap<CheckKey, SeriesAgg>,
 }
 
+/// Device, op, and the cgroup (id, task's) where series are per cgroup.
+type CheckKey = (u32, Op, Option<(u64, bool)>);
+
 impl Check {
-    fn count_kernel(&mut self, dev: u32, op: Op, counted: &SeriesAgg) {
-        let total = self.kernel.entry((dev, op)).or_default();
+    fn count_kernel(&mut self, dev: u32, op: Op, cgroup: Option<(u64, bool)>, counted: &SeriesAgg) {
+        let total = self.kernel.entry((dev, op, cgroup)).or_default();
         *total = total.wrapping_add(counted);
     }
 
     fn count_record(&mut self, dev: u32, op: Op, rec: &tracer_common::IoRecord) {
-        count_like_the_kernel(self.records.entry((dev, op)).or_default(), rec);
+        let cgroup = self.by_cgroup.then_some((rec.cgroup, rec.flags & flag::CGROUP_TASK != 0));
+        count_like_the_kernel(self.records.entry((dev, op, cgroup)).or_default(), rec);
     }
 
     /// Prints one line per series; fails if any differs.
@@ -432,12 +475,17 @@ impl Check {
         let keys: std::collections::BTreeSet<_> = self.kernel.keys().chain(self.records.keys()).collect();
         let mut differ = 0;
         for key in keys {
-            let (dev, op) = *key;
+            let (dev, op, cgroup) = *key;
             let (k, r) = (
                 self.kernel.get(key).copied().unwrap_or_default(),
                 self.records.get(key).copied().unwrap_or_default(),
             );
-            let what = format!("{} {}", name(dev), op.as_str());
+            let what = match cgroup {
+                None => format!("{} {}", name(dev), op.as_str()),
+                Some((id, task)) => {
+                    format!("{} {} cgroup {id}{}", name(dev), op.as_str(), if task { " (task)" } else { "" })
+                }
+            };
             if k == r {
                 println!("aggregation check: {what}: {} requests, kernel and records agree", k.requests);
             } else {

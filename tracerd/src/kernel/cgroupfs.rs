@@ -73,11 +73,12 @@ impl Mounts {
     /// The hierarchy of a record's cgroup: the task's is always v2; a bio's blkcg lives where
     /// the io controller is, v1 blkio where mounted.
     pub fn hierarchy_of(&self, rec: &IoRecord) -> Hierarchy {
-        if rec.flags & flag::CGROUP_TASK == 0 && self.blkio_v1.is_some() {
-            Hierarchy::BlkioV1
-        } else {
-            Hierarchy::V2
-        }
+        self.hierarchy(rec.flags & flag::CGROUP_TASK != 0)
+    }
+
+    /// The hierarchy of a cgroup id that is the task's (`task`) or a bio's blkcg.
+    pub fn hierarchy(&self, task: bool) -> Hierarchy {
+        if !task && self.blkio_v1.is_some() { Hierarchy::BlkioV1 } else { Hierarchy::V2 }
     }
 
     pub fn root(&self, h: Hierarchy) -> Option<&Path> {

@@ -99,6 +99,11 @@ impl SeriesTable {
         self.by_dev.contains_key(&dev)
     }
 
+    /// `dev`'s series as the kernel numbers it (1-based, `SERIES_OF`).
+    pub fn series_of(&self, dev: u32) -> Option<u32> {
+        self.by_dev.get(&dev).map(|s| s + 1)
+    }
+
     /// Gives `dev` (device index `index`) a free series: zeroes its counters, then points the
     /// kernel at it. True if it has one now.
     pub fn give(&mut self, ebpf: &mut Ebpf, dev: u32, index: u32) -> Result<bool> {

@@ -13,11 +13,13 @@ use aya::{
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
 };
 use tracer_common::{
-    BioState, DeviceState, RequestState, Settings, Slot, StackLayout, agg, limits, lost, names,
+    BioState, CgroupSeriesKey, DeviceState, RequestState, Settings, Slot, StackLayout, agg, limits, lost,
+    names,
 };
 
 use crate::{
     kernel::btf::{Btf, VMLINUX},
+    kernel::cgroup_series::{self, CgroupOf, CgroupSeriesTable},
     kernel::hooks::{HOOKS, HookStatus, KPROBES, kprobes_available, load_kprobe_programs},
     kernel::layout,
     kernel::series::{self, DeviceIndex, SeriesTable},
@@ -43,6 +45,11 @@ pub struct LoadOptions {
     pub no_kprobes: bool,
     /// Devices traced at start, which the in-kernel series are sized for ([`series::capacity`]).
     pub targets: usize,
+    /// Series are labelled by cgroup (config `[cgroups] label`): the kernel keeps
+    /// (cgroup, device, op) series.
+    pub cgroups: bool,
+    /// A per-cgroup series with no IO for this long gives its place back.
+    pub cgroup_idle: Duration,
 }
 
 /// How the tracepoint hooks attach (`--attach`, config `attach`).
@@ -89,6 +96,8 @@ pub struct Tracer {
     indices: DeviceIndex,
     /// The in-kernel aggregation's series, given out to devices.
     pub series: SeriesTable,
+    /// Its per-cgroup series, given out to (cgroup, device, op) keys (labels on).
+    pub cgroup_series: CgroupSeriesTable,
     /// How lower IOs of stacked devices are linked (module BTF chains), as last resolved.
     pub chains: Vec<Chain>,
     /// What the programs were last told of stacking (the `STACK` map's one entry).
@@ -196,7 +205,7 @@ impl Tracer {
             op_mask,
             op_read,
             op_write,
-            _pad: 0,
+            cgroups: opts.cgroups as u32,
         };
         let mut loader = EbpfLoader::new();
         loader.btf(aya_btf.as_ref()).override_global(names::LAYOUT, &layout, true).override_global(
@@ -209,6 +218,10 @@ impl Tracer {
         }
         let series_devices = series::capacity(opts.targets);
         loader.map_max_entries(names::SERIES, series_devices * agg::OPS);
+        // Per-cgroup series take memory per CPU only where labels are on.
+        let cgroup_capacity = if opts.cgroups { cgroup_series::capacity() } else { 0 };
+        loader.map_max_entries(names::CGROUP_SERIES, cgroup_capacity.max(1));
+        loader.map_max_entries(names::CGROUP_AGG, cgroup_capacity.max(1));
         let mut ebpf = loader.load(OBJECT).map_err(|e| permission_advice(e.into()))?;
         let mut hooks = Vec::new();
         for hook in HOOKS {
@@ -246,6 +259,7 @@ impl Tracer {
             kprobes_loaded: false,
             indices: DeviceIndex::default(),
             series,
+            cgroup_series: CgroupSeriesTable::new(cgroup_capacity, opts.cgroup_idle),
             chains: Vec::new(),
             stack: StackLayout::default(),
         };
@@ -388,7 +402,7 @@ impl Tracer {
             map.insert(dev, DeviceState { in_flight: 0, index, path }, 0).with_context(full)?;
         }
         for dev in gone {
-            self.series.release(&mut self.ebpf, dev, self.indices.get(dev))?;
+            self.release_series(dev)?;
             self.indices.free(dev);
         }
         let paths = devs.iter().any(|d| paths.contains(d)) as u32;
@@ -413,9 +427,21 @@ impl Tracer {
         }
     }
 
-    /// Takes `dev`'s series back. Stop it and fold first: it is not read after this.
+    /// Takes `dev`'s series back. Stop it and fold first: it is not read after this. Its
+    /// per-cgroup series are read once more at the next fold.
     pub fn release_series(&mut self, dev: u32) -> Result<()> {
+        if let Some(series) = self.series.series_of(dev) {
+            self.cgroup_series.release_device(&mut self.ebpf, series)?;
+        }
         self.series.release(&mut self.ebpf, dev, self.indices.get(dev))
+    }
+
+    /// Gives a (cgroup, device, op) key a per-cgroup series, if its device has a series and one
+    /// is free; true if it has one.
+    pub fn give_cgroup_series(&mut self, of: CgroupOf) -> Result<bool> {
+        let Some(series) = self.series.series_of(of.dev) else { return Ok(false) };
+        let key = CgroupSeriesKey { cgroup: of.cgroup, series, op: of.op as u16, task: of.task as u16 };
+        self.cgroup_series.give(&mut self.ebpf, key, of)
     }
 
     /// While `on`, IOs the kernel aggregates are sent as records too (a view streams them).
@@ -435,9 +461,15 @@ impl Tracer {
         Ok(true)
     }
 
-    /// Hands what the kernel counted since the last fold to `f`, per (device, op).
-    pub fn fold_series(&mut self, f: impl FnMut(u32, u32, &tracer_common::SeriesAgg)) -> Result<()> {
-        self.series.fold(&self.ebpf, f)
+    /// Hands what the kernel counted since the last fold to `f`, per (device, op), and per
+    /// cgroup where series are labelled (`Some` cgroup).
+    pub fn fold_series(
+        &mut self,
+        mut f: impl FnMut(u32, u32, Option<&CgroupOf>, &tracer_common::SeriesAgg),
+    ) -> Result<()> {
+        self.series.fold(&self.ebpf, |dev, op, counted| f(dev, op, None, counted))?;
+        let now = std::time::Instant::now();
+        self.cgroup_series.fold(&mut self.ebpf, now, |of, counted| f(of.dev, of.op, Some(of), counted))
     }
 
     /// Busy slots of the in-flight tables: (bios, requests).

@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tracer_common::IoRecord;
+use tracer_common::{IoRecord, SeriesAgg};
 
 use crate::{
     kernel::cgroupfs::{LabelForm, Named},
@@ -179,39 +179,71 @@ impl CgroupSeries {
         label: Result<&str, Unnamed>,
         now: Instant,
     ) -> Arc<str> {
-        let to = match label {
-            Err(Unnamed::Excluded) => {
-                self.folded.excluded += 1;
-                self.other.clone()
-            }
-            Err(Unnamed::Unknown) => {
-                self.folded.unnamed += 1;
-                self.other.clone()
-            }
-            Ok(l) => self.admit(l, now),
-        };
+        let to = self.count_under(label, 1, now);
         self.series.entry((dev, op, to.clone())).or_default().add_record(rec, &[]);
         to
     }
 
-    /// The series label for `label`: itself if it has (or now gets) one, else `other`.
-    fn admit(&mut self, label: &str, now: Instant) -> Arc<str> {
+    /// Adds what the kernel counted in one (cgroup, device, op) series since the last fold,
+    /// charged to `label`, as that many records would be; returns the label it was counted
+    /// under.
+    pub fn add_kernel(
+        &mut self,
+        dev: u32,
+        op: Op,
+        counted: &SeriesAgg,
+        label: Result<&str, Unnamed>,
+        now: Instant,
+    ) -> Arc<str> {
+        let to = self.count_under(label, counted.requests, now);
+        self.series.entry((dev, op, to.clone())).or_default().add_kernel(counted);
+        to
+    }
+
+    /// The series `n` IOs charged to `label` are counted under, with the ranking and the
+    /// folding counters updated.
+    fn count_under(&mut self, label: Result<&str, Unnamed>, n: u64, now: Instant) -> Arc<str> {
+        match label {
+            Err(Unnamed::Excluded) => {
+                self.folded.excluded += n;
+                self.other.clone()
+            }
+            Err(Unnamed::Unknown) => {
+                self.folded.unnamed += n;
+                self.other.clone()
+            }
+            Ok(l) => self.admit(l, n, now),
+        }
+    }
+
+    /// The series an IO charged to `label` is counted under now, counting nothing: an IO the
+    /// kernel counted names its series with it (exemplars).
+    pub fn counted_under(&self, label: Result<&str, Unnamed>) -> Arc<str> {
+        match label {
+            Ok(l) => self.admitted.get(l).map_or_else(|| self.other.clone(), |l| l.key.clone()),
+            Err(_) => self.other.clone(),
+        }
+    }
+
+    /// The series label for `n` IOs of `label`: itself if it has (or now gets) one, else
+    /// `other`.
+    fn admit(&mut self, label: &str, n: u64, now: Instant) -> Arc<str> {
         if let Some(l) = self.admitted.get_mut(label) {
             l.last_io = now;
-            l.recent += 1;
+            l.recent += n;
             return l.key.clone();
         }
         if self.admitted.len() < self.limits.top && label != OTHER {
             let k: Arc<str> = label.into();
             self.waiting.remove(label);
-            self.admitted.insert(k.clone(), Label { key: k.clone(), last_io: now, recent: 1 });
+            self.admitted.insert(k.clone(), Label { key: k.clone(), last_io: now, recent: n });
             return k;
         }
-        self.folded.top += 1;
-        if let Some(n) = self.waiting.get_mut(label) {
-            *n += 1;
+        self.folded.top += n;
+        if let Some(w) = self.waiting.get_mut(label) {
+            *w += n;
         } else if self.waiting.len() < 4 * self.limits.top.max(1) {
-            self.waiting.insert(label.into(), 1);
+            self.waiting.insert(label.into(), n);
         }
         self.other.clone()
     }
@@ -347,6 +379,29 @@ mod tests {
         s.tick(t0 + Duration::from_secs(100));
         assert_eq!((s.labels(), s.expired), (0, 2), "both idle past the expiry");
         assert!(s.series.keys().all(|(_, _, l)| &**l == OTHER));
+    }
+
+    #[test]
+    fn kernel_counts_rank_and_fold_as_their_records_would() {
+        let mut by_records = CgroupSeries::new(limits(1));
+        let mut by_kernel = CgroupSeries::new(limits(1));
+        let now = Instant::now();
+        let mut counted = SeriesAgg::default();
+        (counted.requests, counted.bytes) = (3, 3 * 4096);
+        for label in [Ok("/a"), Ok("/b"), Err(Unnamed::Excluded)] {
+            for _ in 0..3 {
+                by_records.add(1, Op::Read, &io(), label, now);
+            }
+            by_kernel.add_kernel(1, Op::Read, &counted, label, now);
+        }
+        assert_eq!((requests(&by_kernel, "/a"), requests(&by_kernel, OTHER)), (3, 6));
+        assert_eq!(by_kernel.folded, by_records.folded);
+        assert_eq!(by_kernel.folded, Folded { top: 3, excluded: 3, unnamed: 0 });
+        // A slow IO the kernel counted names the series it went to, counting nothing.
+        assert_eq!(&*by_kernel.counted_under(Ok("/a")), "/a");
+        assert_eq!(&*by_kernel.counted_under(Ok("/b")), OTHER);
+        assert_eq!(&*by_kernel.counted_under(Err(Unnamed::Unknown)), OTHER);
+        assert_eq!(requests(&by_kernel, "/a") + requests(&by_kernel, OTHER), 9);
     }
 
     #[test]

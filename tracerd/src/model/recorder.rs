@@ -161,7 +161,7 @@ impl SeriesFrame {
     }
 
     /// What the kernel counted since its last fold (in-kernel aggregation).
-    fn add_kernel(&mut self, c: &SeriesAgg) {
+    pub fn add_kernel(&mut self, c: &SeriesAgg) {
         self.requests += c.requests;
         self.bytes += c.bytes;
         self.errors += c.errors;
@@ -251,6 +251,13 @@ impl FrameBuilder {
     pub fn add_kernel(&mut self, dev: u32, op: Op, counted: &SeriesAgg) {
         if counted.requests != 0 {
             self.series.entry((dev, op)).or_default().add_kernel(counted);
+        }
+    }
+
+    /// What the kernel counted in a cgroup's series, under the label it was counted under.
+    pub fn add_cgroup_kernel(&mut self, dev: u32, op: Op, label: Arc<str>, counted: &SeriesAgg) {
+        if counted.requests != 0 {
+            self.cgroups.entry((dev, op, label)).or_default().add_kernel(counted);
         }
     }
 

@@ -46,6 +46,10 @@ pub struct State {
     pub aggregation: &'static str,
     /// Devices with a series of the in-kernel aggregation, and how many it has.
     pub kernel_series: (usize, usize),
+    /// Its (cgroup, device, op) series in use, and how many it has (labels on).
+    pub kernel_cgroup_series: Option<(usize, usize)>,
+    /// Requests the kernel counted in its series (they crossed the ring buffer as no record).
+    pub kernel_requests: u64,
     /// The flight recorder's size (the agent's; zero elsewhere).
     pub recorder: RecorderGauges,
     /// Per-cgroup series (config `[cgroups] label`): then the stage and request metrics carry
@@ -399,6 +403,17 @@ pub fn families(state: &State, format: Format) -> Vec<Family> {
     number(&mut f, labels([("state", "used")]), state.kernel_series.0 as f64);
     number(&mut f, labels([("state", "capacity")]), state.kernel_series.1 as f64);
     out.push(f);
+    if let Some((used, capacity)) = state.kernel_cgroup_series {
+        let mut f = family(
+            "tracerd_kernel_cgroup_series",
+            Kind::Gauge,
+            "(cgroup, device, op) series the kernel aggregates itself (state=used), of how many it \
+             can (state=capacity); IO of other cgroups crosses the ring buffer as records.",
+        );
+        number(&mut f, labels([("state", "used")]), used as f64);
+        number(&mut f, labels([("state", "capacity")]), capacity as f64);
+        out.push(f);
+    }
     if !state.aggregation.is_empty() {
         let mut f = family("tracerd_aggregation_info", Kind::Gauge, "Where reads and writes are aggregated.");
         number(&mut f, labels([("mode", state.aggregation)]), 1.0);
@@ -443,6 +458,13 @@ pub fn families(state: &State, format: Format) -> Vec<Family> {
         Kind::Counter,
         "Records read from the kernel ring buffer.",
         state.records as f64,
+    );
+    single(
+        &mut out,
+        "tracerd_kernel_requests_total",
+        Kind::Counter,
+        "Requests counted in the kernel's series, which crossed the ring buffer as no record.",
+        state.kernel_requests as f64,
     );
     single(
         &mut out,
@@ -672,6 +694,7 @@ mod tests {
         (rq.ts[event::D], rq.ts[event::C]) = (1000, 2000);
         c.add(7, Op::Write, &rq, Ok("/a"), std::time::Instant::now());
         with_cgroups.cgroups = Some(c);
+        with_cgroups.kernel_cgroup_series = Some((1, 384));
         let mut out = std::collections::BTreeMap::new();
         for state in [plain, with_cgroups] {
             for f in families(&state, Format::Text) {
