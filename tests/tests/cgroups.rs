@@ -277,6 +277,29 @@ fn per_cgroup_series_are_counted_in_the_kernel_and_equal_the_records() {
     let m = agent.metrics();
     assert!(counted, "never 500 reads under {} and 400 writes under {}: {m:?}", a.path, b.path);
     let missed = missed_completions(&m);
+    // The agent's recorder holds the kernel's per-cgroup counts under the same labels.
+    let socket = agent.socket.clone().unwrap();
+    let mut window = Value::Null;
+    let recorded = missed > 0
+        || eventually(|| {
+            let (status, out, _) = tracerd_tests::tracerd_output(&[
+                "report",
+                "--json",
+                "--since",
+                "10m",
+                "--by",
+                "cgroup",
+                "--device",
+                &dev.name,
+                "--socket",
+                socket.to_str().unwrap(),
+            ]);
+            window = if status.success() { serde_json::from_str(&out).unwrap() } else { Value::Null };
+            window.is_object()
+                && reported(&window, &a.path, &dev.name, "read") == (500, 500 * 4096)
+                && reported(&window, &b.path, &dev.name, "write") == (400, 400 * 8192)
+        });
+    assert!(recorded, "the agent's window never held each cgroup's IO:\n{window:#}");
     assert!(agent.stop(libc::SIGINT).success(), "the check failed:\n{}", agent.stdout_text());
     if missed > 0 {
         note_missed("per_cgroup_series_are_counted_in_the_kernel_and_equal_the_records", missed);
