@@ -38,10 +38,23 @@ impl Prometheus {
 
     /// `start`, with feature flags (`exemplar-storage`, `native-histograms`).
     pub fn start_with(targets: &[(&str, &str)], features: &[&str]) -> Prometheus {
+        Prometheus::start_full(targets, features, None)
+    }
+
+    /// `start`, with a rule file (YAML, `groups:` at its top), evaluated every second.
+    pub fn start_with_rules(targets: &[(&str, &str)], rules: &str) -> Prometheus {
+        Prometheus::start_full(targets, &[], Some(rules))
+    }
+
+    fn start_full(targets: &[(&str, &str)], features: &[&str], rules: Option<&str>) -> Prometheus {
         let dir = std::env::temp_dir().join(unique("tracerd-prometheus"));
         fs::create_dir_all(&dir).unwrap();
-        let mut config =
-            String::from("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n");
+        let mut config = String::from("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n");
+        if let Some(rules) = rules {
+            fs::write(dir.join("rules.yml"), rules).unwrap();
+            config += &format!("rule_files:\n  - {}\n", dir.join("rules.yml").display());
+        }
+        config += "scrape_configs:\n";
         for (job, target) in targets {
             config += &format!("  - job_name: {job}\n    static_configs:\n      - targets: ['{target}']\n");
         }

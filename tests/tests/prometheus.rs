@@ -164,3 +164,111 @@ fn exemplars_and_native_histograms_reach_a_real_prometheus() {
     );
     assert!((cs - ns).abs() <= cs * 1e-9, "sums: classic {cs}, native {ns}");
 }
+
+/// The pod join of docs/guide/cgroups.md: tracerd's `cgroup` label (pod UID and container id,
+/// from the kubelet's cgroup path) joined on `uid` to kube-state-metrics' `kube_pod_info`, which
+/// a recording rule stands in for here, so that no cluster is needed.
+const POD_REQUESTS: &str = r#"sum by (namespace, pod, device, op) (
+    label_replace(tracerd_io_requests_total{cgroup!="other"}, "uid", "$1", "cgroup", "([^/]+)(/.*)?")
+  * on (uid) group_left (namespace, pod) kube_pod_info
+)"#;
+const POD_Q2C_P99: &str = r#"histogram_quantile(0.99, sum by (le, namespace, pod) (
+    label_replace(rate(tracerd_io_stage_seconds_bucket{stage="q2c", cgroup!="other"}[5m]),
+                  "uid", "$1", "cgroup", "([^/]+)(/.*)?")
+  * on (uid) group_left (namespace, pod) kube_pod_info
+))"#;
+
+/// kube-state-metrics' series for two pods, as a recording rule.
+fn kube_pod_info_rule(pods: &[(&str, &str, &str)]) -> String {
+    let mut rules = String::from("groups:\n  - name: kube-state-metrics\n    rules:\n");
+    for (uid, namespace, pod) in pods {
+        let expr = format!(
+            r#"label_replace(label_replace(label_replace(vector(1), "uid", "{uid}", "", ""), "namespace", "{namespace}", "", ""), "pod", "{pod}", "", "")"#
+        );
+        rules += &format!("      - record: kube_pod_info\n        expr: '{expr}'\n");
+    }
+    rules
+}
+
+#[test]
+fn pods_are_named_by_joining_kube_pod_info_on_their_uid() {
+    require_root();
+    require_prometheus();
+    for (name, query) in [("POD_REQUESTS", POD_REQUESTS), ("POD_Q2C_P99", POD_Q2C_P99)] {
+        let guide = include_str!("../../docs/guide/cgroups.md");
+        assert!(guide.contains(query), "docs/guide/cgroups.md must show {name} as this test runs it");
+    }
+    let uid = format!("8c6b3f0e-2a41-4f7b-9d3c-{:012x}", std::process::id());
+    let cid = "3f2e".repeat(16);
+    // The kubelet's cgroupfs layout, in the hierarchy that charges IO here: v1 blkio where the
+    // machine mounts it, else v2.
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let root = mountinfo
+        .lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let mut r = right.split(' ');
+            let (fstype, opts) = (r.next()?, r.nth(1).unwrap_or(""));
+            let blkio = fstype == "cgroup" && opts.split(',').any(|o| o == "blkio");
+            (blkio || fstype == "cgroup2").then(|| (blkio, left.split(' ').nth(4).unwrap().to_owned()))
+        })
+        .max()
+        .map(|(_, p)| std::path::PathBuf::from(p))
+        .expect("a cgroup hierarchy");
+    let kubepods = root.join(format!("kubepods-tracerd-test-{}", std::process::id()));
+    let container = kubepods.join("besteffort").join(format!("pod{uid}")).join(&cid);
+    std::fs::create_dir_all(&container).unwrap();
+    // The label reads /kubepods...: tracerd takes the first component's `kubepods` prefix.
+    let dev = LoopDevice::new(64);
+    let tmp = tracerd_tests::TempDir::new();
+    let cfg = tmp.file("tracerd.toml");
+    std::fs::write(&cfg, "[cgroups]\nlabel = \"pod\"\n").unwrap();
+    let agent = Tracerd::run(&["--config", &cfg, "--device", &dev.name]);
+    let addr = agent.addr.clone().unwrap();
+    let rules = kube_pod_info_rule(&[
+        (&uid, "shop", "cart-5d8f9"),
+        ("0a1b2c3d-0000-4000-8000-000000000000", "x", "y"),
+    ]);
+    let prom = Prometheus::start_with_rules(&[("tracerd", &addr)], &rules);
+    let procs = container.join("cgroup.procs");
+    let iogen = tracerd_tests::iogen_bin();
+    let reads = || {
+        let ok = std::process::Command::new("sh")
+            .args(["-c", &format!("echo $$ > {} && exec \"$@\"", procs.display()), "sh"])
+            .args([iogen.to_str().unwrap(), &dev.path, "read", "300", "4096", "4"])
+            .status()
+            .unwrap();
+        assert!(ok.success(), "iogen in {}", container.display());
+    };
+    reads();
+
+    let mut joined = Vec::new();
+    let found = eventually(|| {
+        joined = prom.query(POD_REQUESTS);
+        joined.iter().any(|s| s["metric"]["device"] == dev.name.as_str() && s["value"][1] == "300")
+    });
+    assert!(found, "the join never named 300 reads of {}: {joined:#?}\n{}", dev.name, prom.log());
+    let ours: Vec<_> = joined.iter().filter(|s| s["metric"]["device"] == dev.name.as_str()).collect();
+    assert_eq!(ours.len(), 1, "{ours:#?}");
+    let m = &ours[0]["metric"];
+    assert_eq!(
+        (m["namespace"].as_str(), m["pod"].as_str(), m["op"].as_str()),
+        (Some("shop"), Some("cart-5d8f9"), Some("read"))
+    );
+    // A rate needs the counters to move between scrapes: the series began with the first reads.
+    reads();
+    let mut p99 = Vec::new();
+    let latency = eventually(|| {
+        p99 = prom.query(POD_Q2C_P99);
+        p99.iter().any(|s| {
+            s["metric"]["pod"] == "cart-5d8f9"
+                && s["value"][1].as_str().is_some_and(|v| v.parse::<f64>().is_ok_and(|v| v > 0.0 && v < 60.0))
+        })
+    });
+    assert!(latency, "no Q2C p99 for the pod: {p99:#?}");
+    println!("{POD_REQUESTS}\n=> {ours:?}\n{POD_Q2C_P99}\n=> {p99:?}");
+    drop(agent);
+    for dir in container.ancestors().take(4) {
+        let _ = eventually(|| std::fs::remove_dir(dir).is_ok() || !dir.exists());
+    }
+}
