@@ -541,6 +541,26 @@ pub fn bpf_programs_held_by(pid: i32) -> usize {
         .unwrap_or(0)
 }
 
+/// Runs of the kprobe programs (BPF_PROG_TYPE_KPROBE) that process `pid` holds, summed from
+/// their fdinfo; the kernel counts them only while `kernel.bpf_stats_enabled` is 1.
+pub fn kprobe_runs_of(pid: i32) -> u64 {
+    const BPF_PROG_TYPE_KPROBE: &str = "2";
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else { return 0 };
+    fds.flatten()
+        .filter(|fd| fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy() == "anon_inode:bpf-prog"))
+        .filter_map(|fd| {
+            fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", fd.file_name().to_string_lossy())).ok()
+        })
+        .filter(|info| {
+            info.lines()
+                .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["prog_type:", BPF_PROG_TYPE_KPROBE])
+        })
+        .filter_map(|info| {
+            info.lines().find_map(|l| l.strip_prefix("run_cnt:")).and_then(|n| n.trim().parse::<u64>().ok())
+        })
+        .sum()
+}
+
 /// The text of a tmux session's pane, as a user sees it.
 pub fn pane(session: &str) -> String {
     let out = Command::new("tmux").args(["capture-pane", "-p", "-t", session]).output().expect("tmux");

@@ -934,12 +934,17 @@ fn doctor_chooses_what_this_kernel_must_get() {
     });
     let load = checks.iter().find(|c| c["name"] == "load").expect("load check");
     let tracepoints = tracerd::kernel::hooks::HOOKS.len();
-    let kprobes = tracerd::kernel::hooks::KPROBES.len();
+    // The stacked devices' kprobes, and blk-throttle's (H).
+    let kprobes = tracerd::kernel::hooks::KPROBES.len() + 1;
     let want = format!(
         "loaded and attached {tracepoints} of {tracepoints} tracepoints (tp_btf {tracepoints}, raw_tp 0) \
          and {kprobes} of {kprobes} kprobes"
     );
     assert!(load["detail"].as_str().unwrap().contains(&want), "{release}: {load}");
+    // Every kernel of the VM has blk-throttle's check as a function, and kprobes.
+    let throttle = checks.iter().find(|c| c["name"] == "kprobe:__blk_throtl_bio").expect("H's check");
+    assert_eq!(throttle["status"], "ok", "{release}: {throttle}");
+    assert!(throttle["detail"].as_str().unwrap().starts_with("attached (kprobe)"), "{release}: {throttle}");
     // The stacked drivers' structs, from their modules' BTF (loaded by the prologue).
     for module in ["dm_mod", "dm_mod/request", "dm_crypt", "md_mod", "raid1", "raid10", "raid456"] {
         let c = checks.iter().find(|c| c["name"] == format!("module_btf:{module}")).expect(module);

@@ -18,7 +18,11 @@ pub mod event {
     pub const C: usize = 4;
     /// `block_bio_backmerge`/`frontmerge`: the bio joined an existing request.
     pub const M: usize = 5;
-    pub const COUNT: usize = 6;
+    /// blk-throttle checked the bio against its group's limits (`__blk_throtl_bio`, a kprobe),
+    /// before its Q: a bio it holds (cgroup `io.max`, v1 `blkio.throttle.*`) is queued when
+    /// released. Only bios of groups with limits are checked.
+    pub const H: usize = 6;
+    pub const COUNT: usize = 7;
 }
 
 /// What one [`IoRecord`] describes.
@@ -179,7 +183,10 @@ pub mod kernel_ts {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BioState {
+    /// 0 while the bio is held by blk-throttle (its slot was claimed at H, before its Q).
     pub queued_ns: u64,
+    /// When blk-throttle checked it (H); 0 if it never did.
+    pub held_ns: u64,
     pub getrq_ns: u64,
     pub sector: u64,
     pub parent: u64,

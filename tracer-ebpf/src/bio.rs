@@ -9,9 +9,45 @@ use tracer_common::{BioState, IoRecord, agg, event, flag, kind, limits, lost};
 use crate::{
     kernel::{Mem, Probe, bio_cgroup, bio_dev, read_current_comm},
     maps::{BIOS, EVENTS, LINKS, commit_flags, count_lost, is_traced, layout, settings, stacking, streaming},
-    slots::{copy_comm, copy_words, slot_claim, slot_free, slot_get, zero_words},
+    slots::{copy_comm, copy_words, slot_claim, slot_claim_free, slot_free, slot_get, zero_words},
     stacking::{on_head_complete, queued_clone_upper, queued_own_kind},
 };
+
+/// H: blk-throttle checks a bio of a group with limits, before its Q. The bio's slot is claimed
+/// now with no Q (`queued_ns` 0); its Q finds it there, whether blk-throttle let it through at
+/// once or held it and queues it later from its dispatch worker. The submitter is noted here:
+/// a held bio's Q runs in that worker.
+pub(crate) fn on_throttle<M: Mem>(bio: u64) {
+    let l = layout();
+    if !is_traced(bio_dev::<M>(l, bio)) {
+        return;
+    }
+    let Some(state) = slot_claim(&BIOS, limits::BIO_SLOTS, M::key(bio)) else {
+        count_lost(lost::BIO_MAP_FULL);
+        return;
+    };
+    // SAFETY: our slot's value; Q writes the rest.
+    let state = unsafe { &mut *state };
+    state.queued_ns = 0;
+    state.held_ns = unsafe { bpf_ktime_get_ns() };
+    state.pid = bpf_get_current_pid_tgid() as u32;
+    if settings().aggregate == agg::mode::RECORDS || streaming() {
+        read_current_comm(l, &mut state.comm);
+    } else {
+        zero_comm(&mut state.comm);
+    }
+}
+
+/// Two word stores: `= [0; 16]` compiles to a call of a byte-loop memset.
+#[inline(always)]
+fn zero_comm(comm: &mut [u8; 16]) {
+    let words = (comm as *mut [u8; 16]).cast::<u64>();
+    // SAFETY: `comm` is 16 bytes at an 8-aligned offset of a slot value.
+    unsafe {
+        write_volatile(words, 0);
+        write_volatile(words.add(1), 0);
+    }
+}
 
 pub(crate) fn on_bio_queue<M: Mem>(bio: u64) {
     let key = M::key(bio);
@@ -20,13 +56,24 @@ pub(crate) fn on_bio_queue<M: Mem>(bio: u64) {
     if !is_traced(dev) {
         return;
     }
-    let Some(state) = slot_claim(&BIOS, limits::BIO_SLOTS, key) else {
-        count_lost(lost::BIO_MAP_FULL);
-        return;
+    // Its own slot if H claimed it (or a pointer reused after a missed completion), else a free one.
+    let (state, held) = match slot_get(&BIOS, limits::BIO_SLOTS, key) {
+        // SAFETY: our slot's value.
+        Some(state) => (state, unsafe { (*state).queued_ns } == 0),
+        None => match slot_claim_free(&BIOS, limits::BIO_SLOTS, key) {
+            Some(state) => (state, false),
+            None => {
+                count_lost(lost::BIO_MAP_FULL);
+                return;
+            }
+        },
     };
-    // SAFETY: our slot's value; every field is written.
+    // SAFETY: our slot's value; every field is written (H's own kept where it fired).
     let state = unsafe { &mut *state };
     state.queued_ns = unsafe { bpf_ktime_get_ns() };
+    if !held {
+        state.held_ns = 0;
+    }
     state.getrq_ns = 0;
     state.sector = M::read(bio, l.bio_bi_sector);
     // Volatile: two neighbouring zero stores are otherwise merged into a byte-loop memset call.
@@ -42,19 +89,17 @@ pub(crate) fn on_bio_queue<M: Mem>(bio: u64) {
     // comm and cgroup from /proc), the comm and the cgroup only where IOs are shown whole
     // (records, a view streaming), the cgroup where series carry it: the agent's in-kernel
     // aggregation pays for neither otherwise.
-    state.pid = bpf_get_current_pid_tgid() as u32;
+    // A held bio keeps the pid and comm noted at H: this is blk-throttle's worker. The cgroup
+    // is the bio's own, so it is read here either way.
     let s = settings();
     let whole = s.aggregate == agg::mode::RECORDS || streaming();
     (state.cgroup, state.flags) = if whole || s.cgroups != 0 { bio_cgroup::<M>(l, bio) } else { (0, 0) };
-    if whole {
-        read_current_comm(l, &mut state.comm);
-    } else {
-        // Two word stores: `= [0; 16]` compiles to a call of a byte-loop memset.
-        let words = (&raw mut state.comm).cast::<u64>();
-        // SAFETY: `comm` is 16 bytes at an 8-aligned offset of the slot value.
-        unsafe {
-            write_volatile(words, 0);
-            write_volatile(words.add(1), 0);
+    if !held {
+        state.pid = bpf_get_current_pid_tgid() as u32;
+        if whole {
+            read_current_comm(l, &mut state.comm);
+        } else {
+            zero_comm(&mut state.comm);
         }
     }
     state.parent = 0;
@@ -131,6 +176,7 @@ pub(crate) fn on_bio_merge<M: Mem>(bio: u64) {
         rec.pid = state.pid;
         rec.cgroup = state.cgroup;
         copy_comm(&mut rec.comm, &state.comm);
+        rec.ts[event::H] = state.held_ns;
         rec.ts[event::Q] = state.queued_ns;
         rec.ts[event::M] = bpf_ktime_get_ns();
     }
@@ -186,6 +232,7 @@ pub(crate) fn fill_bio_record(rec: *mut IoRecord, b: &BioState, id: u64, complet
     rec.parent = b.parent;
     rec.submit_ns = b.submit_ns;
     rec.personality_ns = b.personality_ns;
+    rec.ts[event::H] = b.held_ns;
     rec.ts[event::Q] = b.queued_ns;
     rec.ts[event::C] = completed;
 }

@@ -27,7 +27,7 @@ use aya_ebpf::{
 };
 
 use crate::{
-    bio::{on_bio_complete, on_bio_merge, on_bio_queue, on_getrq, on_split},
+    bio::{on_bio_complete, on_bio_merge, on_bio_queue, on_getrq, on_split, on_throttle},
     kernel::{Direct, Probe, arg},
     request::{on_rq_complete, on_rq_insert, on_rq_issue, on_rq_requeue},
     stacking::{
@@ -142,6 +142,15 @@ pub fn kp_personality(_ctx: ProbeContext) -> u32 {
 #[kretprobe]
 pub fn kr_personality(_ctx: RetProbeContext) -> u32 {
     on_personality_exit();
+    0
+}
+
+// blk-throttle's check of a bio whose group has limits (a kernel function: a kprobe).
+#[kprobe]
+pub fn kp_throttle(ctx: ProbeContext) -> u32 {
+    if let Some(bio) = ctx.arg::<u64>(0) {
+        on_throttle::<Probe>(bio);
+    }
     0
 }
 

@@ -42,6 +42,7 @@ pub(crate) fn init_request_record<M: Mem>(l: &KernelLayout, rq: u64, id: u64, di
         if let Some(state) = slot_get(&BIOS, limits::BIO_SLOTS, M::key(bio)) {
             // SAFETY: our slot's value until freed below.
             let b = unsafe { &*state };
+            rec.ts[event::H] = b.held_ns;
             rec.ts[event::Q] = b.queued_ns;
             rec.ts[event::G] = b.getrq_ns;
             rec.dev = b.dev;

@@ -5,7 +5,8 @@
 //! merge them: the number of requests the device sees equals the number issued.
 //!
 //! iogen DEVICE read|write COUNT SIZE QD [batch|seq|merge]
-//!   -> prints {"op":..,"count":..,"bytes":..} on success
+//!   -> prints {"op":..,"count":..,"bytes":..,"io_ns":..} on success: `io_ns` sums each IO's
+//!      time from just before its io_submit to its reaping by io_getevents
 //!
 //! By default a completed IO is replaced at once (QD stays in flight). With `batch`, IOs go in
 //! rounds: QD submitted, all QD reaped, then the next round, so on a device that completes
@@ -18,6 +19,7 @@
 use std::{
     alloc::{Layout, alloc_zeroed},
     ffi::CString,
+    time::Instant,
 };
 
 const IOCB_CMD_PREAD: u16 = 0;
@@ -148,6 +150,8 @@ fn main() {
             (0..n).for_each(|slot| submit(slot as usize, from + slot, iocbs));
         }
     };
+    let mut started = vec![Instant::now(); qd as usize];
+    let mut io_ns: u128 = 0;
     round(count.min(qd), 0, &mut iocbs);
     submitted += count.min(qd);
     let mut events = vec![IoEvent::default(); qd as usize];
@@ -170,7 +174,9 @@ fn main() {
             // Every IO must transfer exactly its size: the tests compare traced bytes with these.
             assert_eq!(ev.res, size as i64, "IO {} returned {} instead of {size}", ev.data, ev.res);
             done += 1;
+            io_ns += started[ev.data as usize].elapsed().as_nanos();
             if !batch && submitted < count {
+                started[ev.data as usize] = Instant::now();
                 submit(ev.data as usize, submitted, &mut iocbs);
                 submitted += 1;
             }
@@ -178,6 +184,7 @@ fn main() {
         // A round is over when nothing is in flight.
         if batch && done == submitted && submitted < count {
             let n = qd.min(count - submitted);
+            started.fill(Instant::now());
             round(n, submitted, &mut iocbs);
             submitted += n;
         }
@@ -188,7 +195,7 @@ fn main() {
         libc::close(fd);
     }
     println!(
-        "{{\"op\":\"{}\",\"count\":{count},\"size\":{size},\"bytes\":{},\"qd\":{qd}}}",
+        "{{\"op\":\"{}\",\"count\":{count},\"size\":{size},\"bytes\":{},\"qd\":{qd},\"io_ns\":{io_ns}}}",
         args[2],
         count * size
     );

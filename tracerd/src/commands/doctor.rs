@@ -18,7 +18,7 @@ use tracer_common::limits;
 use crate::{
     kernel::btf::{Btf, VMLINUX},
     kernel::cgroup_series,
-    kernel::hooks::{HOOKS, Hook, HookStatus, KPROBES, kprobes_available},
+    kernel::hooks::{HOOKS, Hook, HookStatus, KPROBES, THROTTLE, kprobes_available, throttle_unavailable},
     kernel::layout,
     kernel::series,
     kernel::stacking::{self, Chain, ChainState},
@@ -148,6 +148,7 @@ fn run_checks(load: bool, socket: &std::path::Path) -> Vec<Check> {
     checks.extend(kprobe_checks(kprobes_available(), &symbols, &devices, &module_state, attached));
     if let Some(btf) = &btf {
         checks.extend(chain_checks(&stacking::resolve(btf, kprobes_available()).1));
+        checks.push(throttle_check(throttle_unavailable(btf, true, kprobes_available()), attached));
     }
 
     checks.push(ring_buffer_check(privileged, create_ring_buffer));
@@ -177,6 +178,40 @@ fn chain_checks(chains: &[Chain]) -> Vec<Check> {
             }
         })
         .collect()
+}
+
+/// H2Q: whether blk-throttle's holds can be timed here (`unavailable`: why not), and whether
+/// the load test attached its probe.
+fn throttle_check(unavailable: Option<String>, attached: Option<&[HookStatus]>) -> Check {
+    let name = format!("kprobe:{}", THROTTLE.function);
+    if let Some(why) = unavailable {
+        return Check::new(name, Status::Warn, why).advice(
+            "only for hosts that limit IO with io.max or blkio.throttle.*: use a 6.x kernel with \
+             CONFIG_BLK_DEV_THROTTLING=y and CONFIG_KPROBES=y (distribution kernels have both)",
+        );
+    }
+    let status = attached.and_then(|hooks| hooks.iter().find(|h| h.hook == THROTTLE.function));
+    match status {
+        Some(h) if !h.attached() => Check::new(
+            name,
+            Status::Warn,
+            format!(
+                "H2Q (blk-throttle's hold before Q) is unavailable: {}",
+                h.reason.as_deref().unwrap_or("the probe did not attach")
+            ),
+        ),
+        Some(_) => Check::new(
+            name,
+            Status::Ok,
+            "attached (kprobe): IO that blk-throttle checks (groups with io.max or blkio.throttle.* \
+             limits) has H2Q, the time it was held before Q",
+        ),
+        None => Check::new(
+            name,
+            Status::Ok,
+            "in BTF, kprobe PMU present: H2Q (blk-throttle's hold before Q) can be timed",
+        ),
+    }
 }
 
 fn read_sysctl(name: &str) -> Option<String> {
@@ -1170,6 +1205,30 @@ garbage
         assert!(module_listed(dep, "raid1"));
         assert!(!module_listed(dep, "dm_mod"));
         assert!(module_listed("kernel/drivers/md/dm-mod.ko\n", "dm_mod"), "modules.builtin lines");
+    }
+
+    #[test]
+    fn the_throttle_check_says_why_h2q_is_missing_and_never_fails() {
+        let why = "H2Q (...) is unavailable: no kprobe PMU".to_string();
+        let c = throttle_check(Some(why.clone()), None);
+        assert_eq!(
+            (c.name.as_str(), c.status, c.detail.as_str()),
+            ("kprobe:__blk_throtl_bio", Status::Warn, why.as_str())
+        );
+        assert!(c.advice.unwrap().contains("CONFIG_BLK_DEV_THROTTLING"));
+        let attached = |ok: bool| HookStatus {
+            hook: "__blk_throtl_bio",
+            attach_type: ok.then_some("kprobe"),
+            program: None,
+            reason: (!ok).then(|| "kprobe failed".to_string()),
+        };
+        let c = throttle_check(None, Some(&[attached(true)]));
+        assert_eq!(c.status, Status::Ok);
+        assert!(c.detail.starts_with("attached (kprobe)"), "{}", c.detail);
+        let c = throttle_check(None, Some(&[attached(false)]));
+        assert_eq!(c.status, Status::Warn);
+        assert!(c.detail.ends_with("unavailable: kprobe failed"), "{}", c.detail);
+        assert_eq!(throttle_check(None, None).status, Status::Ok, "not loaded: available");
     }
 
     #[test]

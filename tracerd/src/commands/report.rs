@@ -24,7 +24,7 @@ use crate::{
     model::layers::Phase,
     model::op::Op,
     model::selection::Selection,
-    model::stage::Stage,
+    model::stage::{self, Stage},
     model::topology::Topology,
     serve::api,
     style::Style,
@@ -190,10 +190,6 @@ fn summaries(stages: &Stages) -> BTreeMap<Stage, StageSummary> {
     Stage::ALL.iter().filter_map(|&s| Some((s, StageSummary::of(stages[s.index()].as_deref()?)))).collect()
 }
 
-fn path_name(mask: usize) -> String {
-    "QGIDCM".chars().enumerate().filter(|(i, _)| mask & 1 << i != 0).map(|(_, c)| c).collect()
-}
-
 impl OpReport {
     fn build(
         op: Op,
@@ -223,7 +219,7 @@ impl OpReport {
                 .iter()
                 .enumerate()
                 .filter(|(_, n)| **n > 0)
-                .map(|(m, n)| (path_name(m), *n))
+                .map(|(m, n)| (stage::path_of_mask(m), *n))
                 .collect(),
             stages,
             by_queue_depth: s
@@ -540,45 +536,42 @@ impl Report {
         let cell = |op: &OpReport, stage: Stage, f: fn(&StageSummary) -> f64| {
             op.stages.get(&stage).map_or("-".to_string(), |s| t(f(s)))
         };
-        let rows: Vec<Vec<String>> = self
-            .devices
-            .iter()
-            .flat_map(|d| d.ops.iter().map(move |op| (d, op)))
+        let ops = || self.devices.iter().flat_map(|d| d.ops.iter().map(move |op| (d, op)));
+        // H2Q only where blk-throttle checked some IO: most hosts set no io.max.
+        let held = ops().any(|(_, op)| op.stages.contains_key(&Stage::H2q));
+        let rows: Vec<Vec<String>> = ops()
             .map(|(d, op)| {
-                vec![
+                let mut row = vec![
                     d.label.clone(),
                     op.op.as_str().to_owned(),
                     format!("{:.1}", op.iops),
                     units::bytes(op.bytes_per_second),
+                ];
+                if held {
+                    row.push(cell(op, Stage::H2q, |s| s.p99_s));
+                }
+                row.extend([
                     cell(op, Stage::Q2d, |s| s.p99_s),
                     cell(op, Stage::D2c, |s| s.p50_s),
                     cell(op, Stage::D2c, |s| s.p99_s),
                     cell(op, Stage::Q2c, |s| s.p50_s),
                     cell(op, Stage::Q2c, |s| s.p99_s),
-                ]
+                ]);
+                row
             })
             .collect();
         if rows.is_empty() {
             let _ = writeln!(out, "  no IO completed on the traced devices");
         } else {
             let time = (Align::Right, 9);
-            write_table(
-                &mut out,
-                style,
-                &[
-                    (Align::Left, 8),
-                    (Align::Left, 7),
-                    (Align::Right, 9),
-                    (Align::Right, 9),
-                    time,
-                    time,
-                    time,
-                    time,
-                    time,
-                ],
-                &["device", "op", "IOPS", "bytes/s", "Q2D p99", "D2C p50", "D2C p99", "Q2C p50", "Q2C p99"],
-                &rows,
-            );
+            let mut columns = vec![(Align::Left, 8), (Align::Left, 7), (Align::Right, 9), (Align::Right, 9)];
+            let mut header = vec!["device", "op", "IOPS", "bytes/s"];
+            if held {
+                header.push("H2Q p99");
+            }
+            header.extend(["Q2D p99", "D2C p50", "D2C p99", "Q2C p50", "Q2C p99"]);
+            columns.resize(header.len(), time);
+            write_table(&mut out, style, &columns, &header, &rows);
         }
         let lost: Vec<String> =
             self.lost.iter().filter(|(_, n)| **n > 0).map(|(r, n)| format!("{r} {n}")).collect();

@@ -158,6 +158,7 @@ pub fn line<'a>(
         stages_ns.insert(s, ns);
     });
     let events_ns = [
+        ("h", event::H),
         ("q", event::Q),
         ("g", event::G),
         ("i", event::I),
@@ -221,8 +222,8 @@ pub fn line<'a>(
 }
 
 /// Stages shown as text columns, in order.
-const COLUMNS: [Stage; 7] =
-    [Stage::Q2g, Stage::G2i, Stage::I2d, Stage::G2d, Stage::D2c, Stage::Q2c, Stage::Q2m];
+const COLUMNS: [Stage; 8] =
+    [Stage::H2q, Stage::Q2g, Stage::G2i, Stage::I2d, Stage::G2d, Stage::D2c, Stage::Q2c, Stage::Q2m];
 
 /// One IO as a text line: borrowed and fixed-size fields only.
 pub struct TextLine<'a> {
@@ -235,7 +236,7 @@ pub struct TextLine<'a> {
     pub bytes: u32,
     pub queue_depth: u32,
     /// The events that fired, as blktrace letters ("QGDC").
-    pub path: ([u8; 6], usize),
+    pub path: ([u8; event::COUNT], usize),
     pub stages: [Option<u64>; COLUMNS.len()],
     pub error: u32,
     pub cgroup: &'a str,
@@ -249,7 +250,7 @@ impl<'a> TextLine<'a> {
             *slot = v["stages_ns"][stage.as_str()].as_u64();
         }
         let path_text = v["path"].as_str()?.as_bytes();
-        let mut path = ([0u8; 6], path_text.len().min(6));
+        let mut path = ([0u8; event::COUNT], path_text.len().min(event::COUNT));
         path.0[..path.1].copy_from_slice(&path_text[..path.1]);
         Some(TextLine {
             device: v["device"].as_str()?,
@@ -526,7 +527,7 @@ mod tests {
 
     fn text(error: u32, style: Style) -> String {
         let mut stages = [None; COLUMNS.len()];
-        stages[4] = Some(12_345);
+        stages[5] = Some(12_345);
         let l = TextLine {
             device: "loop0",
             comm: "iogen",
@@ -536,7 +537,7 @@ mod tests {
             sector: 8,
             bytes: 4096,
             queue_depth: 1,
-            path: (*b"QGDC\0\0", 4),
+            path: (*b"QGDC\0\0\0", 4),
             stages,
             error,
             cgroup: "/system.slice/a.service",

@@ -31,8 +31,8 @@ use crate::{
 };
 
 /// The stages `tab` cycles through for the two percentile columns.
-const STAGES: [Stage; 7] =
-    [Stage::Q2g, Stage::G2i, Stage::I2d, Stage::G2d, Stage::Q2d, Stage::D2c, Stage::Q2c];
+const STAGES: [Stage; 8] =
+    [Stage::H2q, Stage::Q2g, Stage::G2i, Stage::I2d, Stage::G2d, Stage::Q2d, Stage::D2c, Stage::Q2c];
 
 /// What rows are sorted by (`s` cycles), largest first, names in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -242,7 +242,8 @@ impl View {
                 let at = STAGES.iter().position(|&s| s == self.stage).unwrap_or(0);
                 self.stage = STAGES[(at + 1) % STAGES.len()];
             }
-            KeyCode::Char(c @ '1'..='7') => self.stage = STAGES[c as usize - '1' as usize],
+            // 0 is H2Q, before Q: 1-7 stay Q2G .. Q2C.
+            KeyCode::Char(c @ '0'..='7') => self.stage = STAGES[c as usize - '0' as usize],
             KeyCode::Char('p') | KeyCode::Char(' ') => self.paused = !self.paused,
             KeyCode::Char('c') => self.by_cgroup = !self.by_cgroup,
             KeyCode::Char('/') => (self.typing, self.filter) = (true, String::new()),
@@ -352,7 +353,7 @@ impl View {
         if self.help {
             let text = "tracerd top: one row per device and op, a second at a time\n\n\
                         s      sort by: Q2C p99, stage p99, IOPS, bytes/s, queue depth, name\n\
-                        tab    the stage of the two percentile columns (1-7: Q2G .. Q2C)\n\
+                        tab    the stage of the two percentile columns (0: H2Q, 1-7: Q2G .. Q2C)\n\
                         c      a row per cgroup, device and op (again: per device)\n\
                         /      show devices whose name holds a text (Enter keeps it, Esc clears)\n\
                         p      pause (space too)\n\

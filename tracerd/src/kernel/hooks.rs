@@ -97,20 +97,51 @@ pub const HOOKS: &[Hook] = &[
     },
 ];
 
-/// Submit paths of stacked devices: kprobe + kretprobe pairs on module functions.
+/// A kernel function probed at entry, and at return where `ret` names a program.
 pub struct KprobeHook {
     pub function: &'static str,
     entry: &'static str,
-    ret: &'static str,
+    ret: Option<&'static str>,
 }
 
+/// Submit paths of stacked devices: kprobe + kretprobe pairs on module functions.
 pub const KPROBES: &[KprobeHook] = &[
-    KprobeHook { function: "md_submit_bio", entry: "kp_submit_bio", ret: "kr_submit_bio" },
-    KprobeHook { function: "dm_submit_bio", entry: "kp_submit_bio", ret: "kr_submit_bio" },
-    KprobeHook { function: "raid1_make_request", entry: "kp_personality", ret: "kr_personality" },
+    KprobeHook { function: "md_submit_bio", entry: "kp_submit_bio", ret: Some("kr_submit_bio") },
+    KprobeHook { function: "dm_submit_bio", entry: "kp_submit_bio", ret: Some("kr_submit_bio") },
+    KprobeHook { function: "raid1_make_request", entry: "kp_personality", ret: Some("kr_personality") },
     // Request-based dm (multipath): the upper request being dispatched.
-    KprobeHook { function: "dm_mq_queue_rq", entry: "kp_queue_rq", ret: "kr_queue_rq" },
+    KprobeHook { function: "dm_mq_queue_rq", entry: "kp_queue_rq", ret: Some("kr_queue_rq") },
 ];
+
+/// H, blk-throttle's check of a bio whose group has limits (6.0 and later; before, every bio
+/// went through `blk_throtl_bio`, and probing it would cost every IO). Built in, so it is in
+/// vmlinux's BTF wherever the kernel has blk-throttle and did not inline it.
+pub const THROTTLE: KprobeHook = KprobeHook { function: "__blk_throtl_bio", entry: "kp_throttle", ret: None };
+
+/// Why H (and so H2Q) cannot be traced on this kernel, or None when it can: blk-throttle's
+/// check must exist as a function in BTF, and kprobes must be on.
+pub fn throttle_unavailable(btf: &Btf, kprobes_on: bool, kprobe_pmu: bool) -> Option<String> {
+    let what = "H2Q (the time blk-throttle, io.max or blkio.throttle.*, holds a bio before its Q)";
+    if btf.find(THROTTLE.function, crate::kernel::btf::Kind::Func).is_none() {
+        return Some(format!(
+            "{what} is unavailable: this kernel has no {} function (no CONFIG_BLK_DEV_THROTTLING, \
+             or a kernel before 6.0, which checks every bio in blk_throtl_bio); held time is \
+             outside Q2C and not measured",
+            THROTTLE.function
+        ));
+    }
+    if !kprobe_pmu {
+        return Some(format!(
+            "{what} is unavailable: {} needs a kprobe, and this kernel has no kprobe PMU \
+             (CONFIG_KPROBES, CONFIG_KPROBE_EVENTS); held time is outside Q2C and not measured",
+            THROTTLE.function
+        ));
+    }
+    if !kprobes_on {
+        return Some(format!("{what} is off with kprobes (config kprobes = false, or --no-kprobes)"));
+    }
+    None
+}
 
 const KPROBE_PMU: &str = "/sys/bus/event_source/devices/kprobe/type";
 
@@ -126,9 +157,15 @@ fn kprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut KProbe, String> 
 
 /// Loads the kprobe programs once (each attaches to several functions).
 pub fn load_kprobe_programs(ebpf: &mut Ebpf) -> Result<(), String> {
-    for name in
-        ["kp_submit_bio", "kr_submit_bio", "kp_personality", "kr_personality", "kp_queue_rq", "kr_queue_rq"]
-    {
+    for name in [
+        "kp_submit_bio",
+        "kr_submit_bio",
+        "kp_personality",
+        "kr_personality",
+        "kp_queue_rq",
+        "kr_queue_rq",
+        "kp_throttle",
+    ] {
         kprobe(ebpf, name)?.load().map_err(|e| format!("{name}: {}", error_chain(&e)))?;
     }
     Ok(())
@@ -139,7 +176,7 @@ impl KprobeHook {
         HookStatus { hook: self.function, attach_type: None, program: None, reason: Some(reason) }
     }
 
-    /// Attaches the entry and the return probe: both or neither.
+    /// Attaches the entry and the return probe (if any): both or neither.
     pub fn attach(&self, ebpf: &mut Ebpf) -> HookStatus {
         let entry = match kprobe(ebpf, self.entry)
             .and_then(|p| p.attach(self.function, 0).map_err(|e| error_chain(&e)))
@@ -150,13 +187,15 @@ impl KprobeHook {
                     .skipped(format!("{} cannot be probed ({e}); is its module loaded?", self.function));
             }
         };
-        match kprobe(ebpf, self.ret).and_then(|p| p.attach(self.function, 0).map_err(|e| error_chain(&e))) {
-            Ok(_) => HookStatus {
-                hook: self.function,
-                attach_type: Some("kprobe"),
-                program: Some(self.entry.to_owned()),
-                reason: None,
-            },
+        let attached = HookStatus {
+            hook: self.function,
+            attach_type: Some("kprobe"),
+            program: Some(self.entry.to_owned()),
+            reason: None,
+        };
+        let Some(ret) = self.ret else { return attached };
+        match kprobe(ebpf, ret).and_then(|p| p.attach(self.function, 0).map_err(|e| error_chain(&e))) {
+            Ok(_) => attached,
             Err(e) => {
                 if let Ok(p) = kprobe(ebpf, self.entry) {
                     let _ = p.detach(entry);

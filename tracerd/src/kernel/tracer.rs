@@ -20,7 +20,9 @@ use tracer_common::{
 use crate::{
     kernel::btf::{Btf, VMLINUX},
     kernel::cgroup_series::{self, CgroupOf, CgroupSeriesTable},
-    kernel::hooks::{HOOKS, HookStatus, KPROBES, kprobes_available, load_kprobe_programs},
+    kernel::hooks::{
+        HOOKS, HookStatus, KPROBES, THROTTLE, kprobes_available, load_kprobe_programs, throttle_unavailable,
+    },
     kernel::layout,
     kernel::series::{self, DeviceIndex, SeriesTable},
     kernel::slot_view::SlotView,
@@ -87,7 +89,7 @@ impl Aggregation {
 
 pub struct Tracer {
     ebpf: Ebpf,
-    /// Tracepoints, then kprobes (in `KPROBES` order).
+    /// Tracepoints, then kprobes (in `KPROBES` order), then `THROTTLE`.
     pub hooks: Vec<HookStatus>,
     pub ops: OpDecoder,
     /// Whether the kprobe programs are loaded (kprobes exist here).
@@ -263,7 +265,7 @@ impl Tracer {
             chains: Vec::new(),
             stack: StackLayout::default(),
         };
-        tracer.load_kprobes(opts.no_kprobes);
+        tracer.load_kprobes(opts.no_kprobes, &btf);
         tracer.resolve_chains(&btf)?;
         Ok(tracer)
     }
@@ -304,7 +306,7 @@ impl Tracer {
     }
 
     /// Loads the submit-path kprobes where the kernel has kprobes, and attaches what it can.
-    fn load_kprobes(&mut self, off: bool) {
+    fn load_kprobes(&mut self, off: bool, btf: &Btf) {
         let why_not = if off {
             Some(
                 "kprobes are off (config kprobes = false, or --no-kprobes): no md/dm submit-path \
@@ -329,6 +331,13 @@ impl Tracer {
             log_status(&status);
             self.hooks.push(status);
         }
+        let status = match throttle_unavailable(btf, !off, kprobes_available()) {
+            Some(reason) => THROTTLE.skipped(reason),
+            None if !self.kprobes_loaded => THROTTLE.skipped(why_not.unwrap_or_default()),
+            None => THROTTLE.attach(&mut self.ebpf),
+        };
+        log_status(&status);
+        self.hooks.push(status);
     }
 
     /// Retries kprobes that failed for want of their module (md or dm loaded later).

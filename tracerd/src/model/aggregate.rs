@@ -129,7 +129,7 @@ pub struct OpStats {
     pub own: [u64; own::COUNT],
     pub stages: Stages,
     /// Requests per event path, indexed by the bitmask of events that fired.
-    pub paths: [u64; 64],
+    pub paths: [u64; PATHS],
     /// Stages per queue depth at issue (only when enabled).
     pub by_qd: BTreeMap<u32, Stages>,
     /// Stacked devices: per lower device, the upper IOs' time split into phases.
@@ -187,7 +187,7 @@ impl Default for OpStats {
             unlinked: 0,
             own: [0; own::COUNT],
             stages: Default::default(),
-            paths: [0; 64],
+            paths: [0; PATHS],
             by_qd: BTreeMap::new(),
             layers: BTreeMap::new(),
             submit: None,
@@ -204,6 +204,9 @@ impl OpStats {
 }
 
 /// Bitmask of the events a record has (bit = `tracer_common::event` index).
+/// Event paths: one per set of events (bit i: event i fired).
+pub const PATHS: usize = 1 << event::COUNT;
+
 pub fn path_mask(rec: &IoRecord) -> usize {
     rec.ts.iter().enumerate().filter(|(_, t)| **t != 0).fold(0, |m, (i, _)| m | 1 << i)
 }
@@ -429,7 +432,7 @@ impl Aggregator {
             if buckets.iter().all(|&n| n == 0) && counted.stage_ns[k] == 0 {
                 continue;
             }
-            let h = stats.stages[Stage::ALL[k].index()].get_or_insert_with(StageHist::new);
+            let h = stats.stages[Stage::KERNEL[k].index()].get_or_insert_with(StageHist::new);
             for (b, &n) in buckets.iter().enumerate() {
                 if n != 0 {
                     h.record_bucket(b, n as u64);
@@ -473,8 +476,7 @@ pub fn count_like_the_kernel(a: &mut SeriesAgg, rec: &IoRecord) {
     }
     a.paths[path_mask(rec) & (agg::PATHS - 1)] += 1;
     Stage::each_of(rec, |stage, ns| {
-        let k = stage.index();
-        if k < agg::STAGES {
+        if let Some(k) = Stage::KERNEL.iter().position(|&s| s == stage) {
             a.stage_ns[k] += ns;
             a.hist[k][agg::bucket_of(ns)] += 1;
         }
@@ -589,7 +591,7 @@ mod tests {
             (a.requests, a.bytes, a.paths, &a.queue_depth.buckets),
             (b.requests, b.bytes, b.paths, &b.queue_depth.buckets)
         );
-        for stage in &Stage::ALL[..agg::STAGES] {
+        for stage in &Stage::KERNEL {
             let (x, y) = (a.stage(*stage), b.stage(*stage));
             assert_eq!(x.map(|h| (h.count(), h.sum_ns)), y.map(|h| (h.count(), h.sum_ns)), "{stage:?}");
         }

@@ -20,7 +20,7 @@ use std::{
 use tracer_common::{IoRecord, SeriesAgg, agg, event, flag, kind, own};
 
 use crate::model::{
-    aggregate::{Aggregator, LayerStats, Lost, OpStats, QD_BUCKETS, StageHist, path_mask},
+    aggregate::{Aggregator, LayerStats, Lost, OpStats, PATHS, QD_BUCKETS, StageHist, path_mask},
     layers::{LayerSplit, Phase},
     op::Op,
     stage::Stage,
@@ -179,7 +179,7 @@ impl SeriesFrame {
             if counts.iter().all(|&n| n == 0) && c.stage_ns[k] == 0 {
                 continue;
             }
-            let b = self.stages[Stage::ALL[k].index()].get_or_insert_with(Buckets::new);
+            let b = self.stages[Stage::KERNEL[k].index()].get_or_insert_with(Buckets::new);
             for (to, &n) in b.counts.iter_mut().zip(counts) {
                 *to += n as u64;
             }
@@ -198,7 +198,7 @@ impl SeriesFrame {
             *to += n;
         }
         for (&path, &n) in &self.paths {
-            stats.paths[path as usize & 63] += n;
+            stats.paths[path as usize % PATHS] += n;
         }
         for (to, &n) in stats.queue_depth.buckets.iter_mut().zip(&self.qd) {
             *to += n;
@@ -528,8 +528,10 @@ fn encode_series(w: &mut Vec<u8>, (dev, op): (u32, Op), s: &SeriesFrame) {
         w.push(k as u8);
         varint(w, n);
     }
-    let present = s.stages.iter().enumerate().filter(|(_, b)| b.is_some()).fold(0u8, |m, (i, _)| m | 1 << i);
-    w.push(present);
+    // One bit per stage.
+    const { assert!(Stage::COUNT <= 16) };
+    let present = s.stages.iter().enumerate().filter(|(_, b)| b.is_some()).fold(0u16, |m, (i, _)| m | 1 << i);
+    w.extend_from_slice(&present.to_le_bytes());
     for b in s.stages.iter().flatten() {
         encode_buckets(w, b);
     }
@@ -616,7 +618,7 @@ fn decode_series(r: &mut Reader) -> Option<((u32, Op), SeriesFrame)> {
         let k = r.byte()? as usize;
         *s.own.get_mut(k)? = r.varint()?;
     }
-    let present = r.byte()?;
+    let present = u16::from_le_bytes([r.byte()?, r.byte()?]);
     for (i, slot) in s.stages.iter_mut().enumerate() {
         if present & 1 << i != 0 {
             *slot = Some(r.buckets()?);

@@ -2,12 +2,15 @@
 //! The one place that decides the stage list; metrics, report and snoop all ask here.
 
 use serde::{Deserialize, Serialize};
-use tracer_common::{IoRecord, event, kind};
+use tracer_common::{IoRecord, agg, event, kind};
 
 /// An interval between two block-layer events.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Stage {
+    /// blk-throttle's check to queued: the time a cgroup's `io.max` (v1 `blkio.throttle.*`)
+    /// held the bio, before Q2C starts. Only bios of groups with limits have it.
+    H2q,
     /// Queued to request allocated.
     Q2g,
     /// Request allocated to inserted into the scheduler.
@@ -27,12 +30,28 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 8] =
-        [Stage::Q2g, Stage::G2i, Stage::I2d, Stage::G2d, Stage::Q2d, Stage::D2c, Stage::Q2c, Stage::Q2m];
+    pub const ALL: [Stage; 9] = [
+        Stage::H2q,
+        Stage::Q2g,
+        Stage::G2i,
+        Stage::I2d,
+        Stage::G2d,
+        Stage::Q2d,
+        Stage::D2c,
+        Stage::Q2c,
+        Stage::Q2m,
+    ];
     pub const COUNT: usize = Stage::ALL.len();
+    /// The stages of the kernel's series (`SeriesAgg`), in their order there.
+    pub const KERNEL: [Stage; agg::STAGES] =
+        [Stage::Q2g, Stage::G2i, Stage::I2d, Stage::G2d, Stage::Q2d, Stage::D2c, Stage::Q2c];
+    /// A completed IO's stages: every one but Q2M.
+    const COMPLETED: [Stage; 8] =
+        [Stage::H2q, Stage::Q2g, Stage::G2i, Stage::I2d, Stage::G2d, Stage::Q2d, Stage::D2c, Stage::Q2c];
 
     pub fn as_str(self) -> &'static str {
         match self {
+            Stage::H2q => "h2q",
             Stage::Q2g => "q2g",
             Stage::G2i => "g2i",
             Stage::I2d => "i2d",
@@ -51,6 +70,7 @@ impl Stage {
     /// The events an interval runs between.
     fn events(self) -> (usize, usize) {
         match self {
+            Stage::H2q => (event::H, event::Q),
             Stage::Q2g => (event::Q, event::G),
             Stage::G2i => (event::G, event::I),
             Stage::I2d => (event::I, event::D),
@@ -75,7 +95,8 @@ impl Stage {
 
     /// Calls `f` for every stage the record has.
     pub fn each_of(rec: &IoRecord, mut f: impl FnMut(Stage, u64)) {
-        let stages: &[Stage] = if rec.kind == kind::MERGE { &[Stage::Q2m] } else { &Stage::ALL[..7] };
+        let stages: &[Stage] =
+            if rec.kind == kind::MERGE { &[Stage::H2q, Stage::Q2m] } else { &Stage::COMPLETED };
         for &s in stages {
             if let Some(ns) = s.of(rec) {
                 f(s, ns);
@@ -90,17 +111,26 @@ pub fn path(rec: &IoRecord) -> String {
     String::from_utf8_lossy(&letters[..n]).into_owned()
 }
 
+/// Each event's letter, in the order paths spell them.
+const LETTERS: [(usize, u8); event::COUNT] = [
+    (event::H, b'H'),
+    (event::Q, b'Q'),
+    (event::G, b'G'),
+    (event::I, b'I'),
+    (event::D, b'D'),
+    (event::C, b'C'),
+    (event::M, b'M'),
+];
+
+/// The path of an event mask (bit i: event i fired), as [`path`] spells a record's.
+pub fn path_of_mask(mask: usize) -> String {
+    LETTERS.iter().filter(|(e, _)| mask & 1 << e != 0).map(|&(_, c)| c as char).collect()
+}
+
 /// [`path`] without allocating: the letters, and how many there are.
 pub fn path_letters(rec: &IoRecord) -> ([u8; event::COUNT], usize) {
     let mut out = ([0u8; event::COUNT], 0);
-    for (e, c) in [
-        (event::Q, b'Q'),
-        (event::G, b'G'),
-        (event::I, b'I'),
-        (event::D, b'D'),
-        (event::C, b'C'),
-        (event::M, b'M'),
-    ] {
+    for (e, c) in LETTERS {
         if rec.ts[e] != 0 {
             out.0[out.1] = c;
             out.1 += 1;
@@ -114,7 +144,7 @@ mod tests {
     use super::*;
 
     fn rec(q: u64, g: u64, i: u64, d: u64, c: u64) -> IoRecord {
-        IoRecord { kind: kind::REQUEST, ts: [q, g, i, d, c, 0], ..Default::default() }
+        IoRecord { kind: kind::REQUEST, ts: [q, g, i, d, c, 0, 0], ..Default::default() }
     }
 
     fn stages(r: &IoRecord) -> Vec<(Stage, u64)> {
@@ -153,6 +183,26 @@ mod tests {
     fn a_request_without_queue_event_has_only_what_fired() {
         let r = rec(0, 0, 300, 700, 1700);
         assert_eq!(stages(&r), vec![(Stage::I2d, 400), (Stage::D2c, 1000)]);
+    }
+
+    #[test]
+    fn a_held_bio_has_h2q_before_its_queue_and_q2c_without_it() {
+        let mut r = rec(10_000, 10_050, 0, 10_100, 11_100);
+        r.ts[event::H] = 100;
+        let s = stages(&r);
+        assert_eq!(s[0], (Stage::H2q, 9_900));
+        assert!(s.contains(&(Stage::Q2c, 1_100)), "Q2C starts at Q, after the hold");
+        assert_eq!(path(&r), "HQGDC");
+        assert_eq!(path_of_mask(crate::model::aggregate::path_mask(&r)), "HQGDC");
+        let mut m = IoRecord { kind: kind::MERGE, ..Default::default() };
+        (m.ts[event::H], m.ts[event::Q], m.ts[event::M]) = (5, 10, 25);
+        assert_eq!(stages(&m), vec![(Stage::H2q, 5), (Stage::Q2m, 15)]);
+    }
+
+    #[test]
+    fn kernel_stages_are_the_series_order() {
+        assert_eq!(Stage::KERNEL.len(), agg::STAGES);
+        assert_eq!(Stage::KERNEL.map(Stage::as_str), ["q2g", "g2i", "i2d", "g2d", "q2d", "d2c", "q2c"]);
     }
 
     #[test]
