@@ -665,11 +665,12 @@ fn reads_held_by_blk_throttle_wait_in_h2q_and_q2c_leaves_the_hold_out() {
     assert!(h2q.1 >= expected, "H2Q {} s, expected at least {expected} s", h2q.1);
     assert!(q2c.1 < h2q.1 / 10.0, "Q2C {} s must leave the hold ({} s) out", q2c.1, h2q.1);
     // The reader's time holds the block layer's and its own system-call path besides (before H,
-    // after C): a few percent, more under qemu's emulation (TCG) than on hardware.
+    // after C): a few percent, more under qemu's emulation (TCG: 1-1.5 ms a read, 3-8 %) than
+    // on hardware.
     let traced = h2q.1 + q2c.1;
     println!("H2Q + Q2C = {traced:.3} s: {:.1} % of the reader's {measured:.3} s", 100.0 * traced / measured);
     assert!(
-        traced <= measured * 1.001 && traced >= 0.9 * measured,
+        traced <= measured * 1.001 && traced >= 0.85 * measured,
         "H2Q + Q2C = {traced:.3} s, the reader measured {measured:.3} s"
     );
     for l in of_held {
