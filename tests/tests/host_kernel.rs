@@ -100,7 +100,9 @@ fn metrics_and_report_count_every_io_at_qd1_and_qd16() {
     );
     let kprobes =
         m.sum("tracerd_hook_attached", &[("attach_type", "kprobe")]) + m.sum("tracerd_hook_skipped", &[]);
-    assert_eq!(kprobes, tracerd::kernel::hooks::KPROBES.len() as f64, "each kprobe attached or skipped");
+    // The stacked devices' kprobes and blk-throttle's (H).
+    let probes = tracerd::kernel::hooks::KPROBES.len() + 1;
+    assert_eq!(kprobes, probes as f64, "each kprobe attached or skipped");
 
     // report --json, captured over the same IO, agrees with /metrics.
     assert!(report.stop(libc::SIGINT).success(), "report failed:\n{}", report.stderr_text());
