@@ -663,7 +663,9 @@ fn reads_held_by_blk_throttle_wait_in_h2q_and_q2c_leaves_the_hold_out() {
     }
     assert_eq!(h2q.0, READS as f64, "every read of the limited cgroup went through blk-throttle");
     assert!(h2q.1 >= expected, "H2Q {} s, expected at least {expected} s", h2q.1);
-    assert!(q2c.1 < h2q.1 / 10.0, "Q2C {} s must leave the hold ({} s) out", q2c.1, h2q.1);
+    // Were the hold in Q2C, Q2C would exceed H2Q. (Q2C's own share depends on the machine:
+    // under qemu's emulation a loop read took up to 3.3 ms.)
+    assert!(q2c.1 < h2q.1, "Q2C {} s must leave the hold ({} s) out", q2c.1, h2q.1);
     // The reader's time holds the block layer's and its own system-call path besides (before H,
     // after C): a few percent, more under qemu's emulation (TCG: 1-1.5 ms a read, 3-8 %) than
     // on hardware.
