@@ -30,6 +30,7 @@ pub enum Stage {
 }
 
 impl Stage {
+    /// Q2M last: a completed IO has every stage before it.
     pub const ALL: [Stage; 9] = [
         Stage::H2q,
         Stage::Q2g,
@@ -45,9 +46,6 @@ impl Stage {
     /// The stages of the kernel's series (`SeriesAgg`), in their order there.
     pub const KERNEL: [Stage; agg::STAGES] =
         [Stage::Q2g, Stage::G2i, Stage::I2d, Stage::G2d, Stage::Q2d, Stage::D2c, Stage::Q2c];
-    /// A completed IO's stages: every one but Q2M.
-    const COMPLETED: [Stage; 8] =
-        [Stage::H2q, Stage::Q2g, Stage::G2i, Stage::I2d, Stage::G2d, Stage::Q2d, Stage::D2c, Stage::Q2c];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -96,7 +94,7 @@ impl Stage {
     /// Calls `f` for every stage the record has.
     pub fn each_of(rec: &IoRecord, mut f: impl FnMut(Stage, u64)) {
         let stages: &[Stage] =
-            if rec.kind == kind::MERGE { &[Stage::H2q, Stage::Q2m] } else { &Stage::COMPLETED };
+            if rec.kind == kind::MERGE { &[Stage::H2q, Stage::Q2m] } else { &Stage::ALL[..Stage::COUNT - 1] };
         for &s in stages {
             if let Some(ns) = s.of(rec) {
                 f(s, ns);
