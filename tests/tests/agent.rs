@@ -511,10 +511,12 @@ fn the_agent_keeps_each_minutes_slowest_ios_whole_from_few_records() {
         assert!(io["stages_ns"]["d2c"].as_u64().is_some() && io["sector"].is_u64(), "{io}");
     }
     assert!(slowest[..10].iter().any(|s| s["io"]["comm"] == "iogen"), "who did it: {}", slowest[0]);
-    // The kernel sent records only for IOs above the bar: far fewer than the IOs done.
+    // The kernel sent records only for IOs above the bar: far fewer than the IOs done. (While
+    // the bar is at its floor each such record wakes the agent, so it rises within a read; a
+    // poll later, most of a run of fast IOs would have come whole.)
     let m = agent.metrics();
     let (records, ios) = (m.get("tracerd_records_total", &[]), requests(&last, &dev.name, "read") as f64);
-    assert!(records < ios / 2.0, "{records} records for {ios} IOs");
+    assert!(records < ios / 5.0, "{records} records for {ios} IOs");
     let text = tracerd_output(&[
         "report",
         "--since",

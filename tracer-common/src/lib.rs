@@ -653,6 +653,9 @@ impl KernelLayout {
 
 /// Map sizes; the daemon may override them at load time.
 pub mod limits {
+    /// The bar (`SLOW_NS`) each minute of the slowest-IO list starts with: IOs faster than this
+    /// are never among the slowest kept. While a device's bar is here, its list is not full.
+    pub const SLOW_FLOOR_NS: u64 = 10_000;
     /// Bio slots (Q until the request's first I/D, a merge, or completion): a few per IO in
     /// flight. A set's four ways all busy at once counts as `bio_map_full`.
     pub const BIO_SLOTS: u32 = 16_384;

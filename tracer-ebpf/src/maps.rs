@@ -119,16 +119,22 @@ pub(crate) fn streaming() -> bool {
     STREAM.get(0).is_some_and(|v| *v != 0)
 }
 
-/// Whether an IO of `disk` is among the slow ones the daemon wants whole (`SLOW_NS`): Q to C,
-/// or D to C where no Q was seen.
+/// How to commit an IO of `disk` that is among the slow ones the daemon wants whole
+/// (`SLOW_NS`: Q to C, or D to C where no Q was seen); None when it is not. While the bar is
+/// at its floor the minute's list is not full: such a record wakes the reader at once, so the
+/// bar rises after a read of a few records, not after a poll's worth of IOs sent whole.
 #[inline(always)]
-pub(crate) fn slow(rec: &IoRecord, disk: Option<*mut DeviceState>) -> bool {
-    let Some(disk) = disk else { return false };
+pub(crate) fn slow(rec: &IoRecord, disk: Option<*mut DeviceState>) -> Option<u64> {
+    const BPF_RB_FORCE_WAKEUP: u64 = 2;
+    let disk = disk?;
     // SAFETY: a live map value; `index` is written once, at insert.
     let index = unsafe { (*disk).index };
-    let Some(&threshold) = SLOW_NS.get(index) else { return false };
+    let threshold = *SLOW_NS.get(index)?;
     let start = if rec.ts[event::Q] != 0 { rec.ts[event::Q] } else { rec.ts[event::D] };
-    threshold != 0 && start != 0 && rec.ts[event::C].wrapping_sub(start) >= threshold
+    if threshold == 0 || start == 0 || rec.ts[event::C].wrapping_sub(start) < threshold {
+        return None;
+    }
+    Some(if threshold <= limits::SLOW_FLOOR_NS { BPF_RB_FORCE_WAKEUP } else { commit_flags() })
 }
 
 /// The start-up choices, read once per use (volatile: the loader's values, not the zeros).

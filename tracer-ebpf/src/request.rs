@@ -231,13 +231,18 @@ pub(crate) fn on_rq_complete<M: Mem>(rq: u64, error: u32, nr_bytes: u32) {
         s.record.flags |= flag::FAILOVER;
     }
     let mode = settings().aggregate;
+    // Counted in the kernel: sent too only to a view streaming, or as one of the slowest.
+    let mut slow_flags = None;
     if mode != agg::mode::RECORDS && aggregate(&s.record, disk) {
-        if mode == agg::mode::KERNEL && !streaming() && !slow(&s.record, disk) {
-            slot_free(state);
-            if path {
-                on_path_done(path_bios);
+        if mode == agg::mode::KERNEL && !streaming() {
+            slow_flags = slow(&s.record, disk);
+            if slow_flags.is_none() {
+                slot_free(state);
+                if path {
+                    on_path_done(path_bios);
+                }
+                return;
             }
-            return;
         }
         s.record.flags |= flag::IN_KERNEL;
     }
@@ -250,7 +255,7 @@ pub(crate) fn on_rq_complete<M: Mem>(rq: u64, error: u32, nr_bytes: u32) {
                 copy_words(rec, &raw const s.record);
                 kernel_stamps::<M>(l, rq, &mut *rec);
             }
-            entry.submit(commit_flags());
+            entry.submit(slow_flags.unwrap_or_else(commit_flags));
         }
         None => count_lost(lost::RINGBUF_FULL),
     }

@@ -12,8 +12,7 @@ use serde::{Deserialize, Serialize};
 
 /// Slow IOs kept per device and minute.
 pub const PER_MINUTE: usize = 10;
-/// The bar each minute starts with: IOs faster than this are never among the slowest kept.
-const FLOOR_NS: u64 = 10_000;
+use tracer_common::limits::SLOW_FLOOR_NS as FLOOR_NS;
 
 /// One slow IO: how long it took (Q2C, else D2C) and its whole record as `snoop --json` shows it,
 /// kept as its JSON text (a parsed value would take several times the memory).
