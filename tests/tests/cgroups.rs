@@ -682,3 +682,101 @@ fn reads_held_by_blk_throttle_wait_in_h2q_and_q2c_leaves_the_hold_out() {
         assert!(l["stages_ns"]["h2q"].is_u64(), "{l}");
     }
 }
+
+/// io.cost (iocost) set to about 100 IOPS on a loop device: a cgroup's reads wait in its
+/// throttle between Q and G, and with `rq_qos = true` each names the policy, inside its Q2G.
+/// Where the kernel has no kprobes, the agent says the rq-qos waits cannot be timed.
+#[test]
+fn reads_held_by_io_cost_wait_inside_q2g_and_name_it() {
+    const READS: u64 = 50;
+    require_root();
+    let l = layout();
+    let dev = LoopDevice::new(64);
+    let tmp = TempDir::new();
+    let agent = Tracerd::run(&[
+        "--config",
+        &config(&tmp, "rq_qos = true\n[cgroups]\nlabel = \"path\"\n"),
+        "--device",
+        &dev.name,
+    ]);
+    let m = agent.metrics();
+    let hooked = m.sum("tracerd_hook_attached", &[("hook", "ioc_rqos_throttle")]) == 1.0;
+    let cost = l.v2.join("io.cost.qos");
+    if !hooked || !l.io_on_v2 || !cost.exists() {
+        // Nothing to wait in here, or no way to time it: the agent says which hook it skipped.
+        if !std::path::Path::new("/sys/bus/event_source/devices/kprobe").exists() {
+            assert_eq!(
+                m.sum("tracerd_hook_skipped", &[("hook", "rq_qos_wait")]),
+                1.0,
+                "the agent must say it skipped rq_qos_wait: {m:?}"
+            );
+        }
+        println!(
+            "SKIPPED io.cost: kprobes {hooked}, v2 io {}, {} exists: {}",
+            l.io_on_v2,
+            cost.display(),
+            cost.exists()
+        );
+        return;
+    }
+    let numbers = fs::read_to_string(format!("/sys/block/{}/dev", dev.name)).unwrap();
+    let numbers = numbers.trim();
+    // About 100 IOPS whatever the pattern, and the rate pinned there.
+    let model = format!(
+        "{numbers} ctrl=user model=linear rbps=1000000000 rseqiops=100 rrandiops=100 wbps=1000000000 \
+         wseqiops=100 wrandiops=100"
+    );
+    fs::write(l.v2.join("io.cost.model"), &model).unwrap_or_else(|e| panic!("{model}: {e}"));
+    let qos = format!("{numbers} enable=1 ctrl=user rpct=0 rlat=5000 wpct=0 wlat=5000 min=100 max=100");
+    fs::write(&cost, &qos).unwrap_or_else(|e| panic!("{qos}: {e}"));
+    // The loop device's queue outlives the test: io.cost goes off again whatever happens.
+    struct Off(PathBuf, String);
+    impl Drop for Off {
+        fn drop(&mut self) {
+            let _ = fs::write(&self.0, format!("{} enable=0", self.1));
+        }
+    }
+    let _off = Off(cost.clone(), numbers.to_owned());
+    let costly = Cgroup::blkio(&l, "costly");
+    let iogen = iogen_bin();
+    costly.run(&[iogen.to_str().unwrap(), &dev.path, "read", &READS.to_string(), "4096", "1"]);
+
+    let stage = |m: &tracerd_tests::Metrics, stage: &str| {
+        m.get(
+            &format!("tracerd_io_stage_seconds_{}", if stage == "q2c" { "count" } else { "sum" }),
+            &[
+                ("device", dev.name.as_str()),
+                ("op", "read"),
+                ("cgroup", costly.path.as_str()),
+                ("stage", stage),
+            ],
+        )
+    };
+    let done = eventually(|| stage(&agent.metrics(), "q2c") == READS as f64);
+    let m = agent.metrics();
+    assert!(done, "the agent never counted {READS} reads: {m:?}");
+    let qos_labels = [("device", dev.name.as_str()), ("op", "read"), ("policy", "iocost")];
+    let (waits, waited) = (
+        m.get("tracerd_io_qos_wait_seconds_count", &qos_labels),
+        m.get("tracerd_io_qos_wait_seconds_sum", &qos_labels),
+    );
+    let q2g = stage(&m, "q2g");
+    println!(
+        "{READS} reads under io.cost at 100 IOPS: {waits} waits in iocost, {waited:.3} s; Q2G {q2g:.3} s"
+    );
+    assert_eq!(waits, READS as f64, "every read of the cgroup went through io.cost's throttle");
+    // At 100 IOPS, 50 reads take about 0.5 s, less the period's first budget.
+    assert!(waited >= 0.1, "io.cost held the reads only {waited} s");
+    assert!(waited <= q2g, "the wait ({waited} s) is part of Q2G ({q2g} s)");
+    let (_, report, _) = tracerd_tests::tracerd_output(&[
+        "report",
+        "--since",
+        "10m",
+        "--device",
+        &dev.name,
+        "--socket",
+        agent.socket.as_ref().unwrap().to_str().unwrap(),
+    ]);
+    println!("{report}");
+    assert!(report.contains("rq-qos wait in Q2G (iocost):"), "{report}");
+}

@@ -67,7 +67,7 @@ fn sigkill_leaves_nothing_loaded_or_pinned_and_a_restart_works() {
 fn a_tiny_ring_buffer_loses_visibly_and_traced_plus_lost_is_issued() {
     require_root();
     let dev = LoopDevice::new(256);
-    // 4 KiB holds 23 records (168 bytes and an 8-byte header each). The reader is stopped while
+    // 4 KiB holds 22 records (176 bytes and an 8-byte header each). The reader is stopped while
     // the IO runs, so the ring buffer fills however fast or slow the machine is, and the rest
     // must be counted as lost.
     // Records, not the kernel's own counters: this is about the ring buffer.

@@ -945,6 +945,13 @@ fn doctor_chooses_what_this_kernel_must_get() {
     let throttle = checks.iter().find(|c| c["name"] == "kprobe:__blk_throtl_bio").expect("H's check");
     assert_eq!(throttle["status"], "ok", "{release}: {throttle}");
     assert!(throttle["detail"].as_str().unwrap().starts_with("attached (kprobe)"), "{release}: {throttle}");
+    // And the functions where the rq-qos policies wait, so Q2G can be split (config rq_qos).
+    let rq_qos = checks.iter().find(|c| c["name"] == "rq_qos").expect("the rq_qos check");
+    assert_eq!(rq_qos["status"], "ok", "{release}: {rq_qos}");
+    assert!(
+        rq_qos["detail"].as_str().unwrap().starts_with("rq_qos_wait and ioc_rqos_throttle in BTF"),
+        "{release}: {rq_qos}"
+    );
     // The stacked drivers' structs, from their modules' BTF (loaded by the prologue).
     for module in ["dm_mod", "dm_mod/request", "dm_crypt", "md_mod", "raid1", "raid10", "raid456"] {
         let c = checks.iter().find(|c| c["name"] == format!("module_btf:{module}")).expect(module);

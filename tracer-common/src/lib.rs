@@ -152,7 +152,8 @@ pub struct IoRecord {
     pub flags: u8,
     /// Set by the daemon, never the kernel: the [`own`] kind of an unlinked IO.
     pub own: u8,
-    pub _pad: u8,
+    /// The rq-qos policies the IO waited in between Q and G ([`qos`] bits); 0 if none.
+    pub qos: u8,
     /// `comm` of the thread that queued the first bio; zeroes when unknown.
     pub comm: [u8; 16],
     /// The bio's address, for BIO records: lower IOs name it as their `parent`.
@@ -163,6 +164,8 @@ pub struct IoRecord {
     pub submit_ns: u64,
     /// Time inside the md personality's make_request (`raid1_make_request`); 0 if none.
     pub personality_ns: u64,
+    /// Time the IO waited in the rq-qos policies of [`IoRecord::qos`], part of its Q2G.
+    pub qos_ns: u64,
     /// The request's own timestamps as the kernel left them at completion (indexed by
     /// [`kernel_ts`]); 0 where it did not set one (or BTF lacks the member). Requests only.
     pub kernel_ns: [u64; kernel_ts::COUNT],
@@ -199,8 +202,44 @@ pub struct BioState {
     pub opf: u32,
     pub bytes: u32,
     pub flags: u8,
-    pub _pad: [u8; 7],
+    /// rq-qos policies it waited in ([`qos`] bits), and for how long.
+    pub qos: u8,
+    pub _pad: [u8; 6],
     pub comm: [u8; 16],
+    pub qos_ns: u64,
+}
+
+/// rq-qos policies, as bits of [`IoRecord::qos`]: whose throttle a bio waited in between its Q
+/// and its G (the request allocation follows the throttle in the same task).
+pub mod qos {
+    /// Writeback throttling (`rq_qos_wait` called back through `wbt_inflight_cb`).
+    pub const WBT: u8 = 1 << 0;
+    /// `io.latency` (`rq_qos_wait` through `iolat_acquire_inflight`).
+    pub const IOLATENCY: u8 = 1 << 1;
+    /// `io.cost` (`ioc_rqos_throttle`, which waits in its own loop).
+    pub const IOCOST: u8 = 1 << 2;
+    /// `rq_qos_wait` through a callback that is neither of the above.
+    pub const OTHER: u8 = 1 << 3;
+    pub const NAMES: [(u8, &str); 4] =
+        [(WBT, "wbt"), (IOLATENCY, "iolatency"), (IOCOST, "iocost"), (OTHER, "rq_qos")];
+}
+
+/// A task inside an rq-qos wait (`rq_qos_wait`, `ioc_rqos_throttle`), then the wait it finished
+/// until its bio's G takes it. Key: thread id.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QosWait {
+    /// When the current (or last) wait began.
+    pub entered_ns: u64,
+    /// Time of the finished waits, summed.
+    pub waited_ns: u64,
+    /// The policy of the wait in progress ([`qos`] bit); 0 between waits.
+    pub waiting: u8,
+    /// The policies of the finished waits.
+    pub done: u8,
+    /// 1 while the finished waits count in `QOS_PENDING`.
+    pub pending: u8,
+    pub _pad: [u8; 5],
 }
 
 /// The `BIOS` key under which a bio moved to a path after its Q (NVMe multipath) keeps its
@@ -359,6 +398,13 @@ pub struct Settings {
     /// cgroup, and a request is counted in its (cgroup, device, op) series
     /// (`CgroupSeriesKey`), not its device's.
     pub cgroups: u32,
+    /// Non-zero when the rq-qos wait probes are asked for (config `rq_qos`): only then does G
+    /// look for its task's waits.
+    pub rq_qos: u32,
+    /// Addresses of the callbacks through which wbt and io.latency call `rq_qos_wait`
+    /// (`/proc/kallsyms`); 0 where unknown.
+    pub wbt_inflight_cb: u64,
+    pub iolat_acquire_inflight: u64,
 }
 
 /// Key of a per-cgroup series of the in-kernel aggregation (map `CGROUP_SERIES`; the value is
@@ -703,6 +749,7 @@ mod user {
     unsafe impl aya::Pod for DeviceState {}
     unsafe impl aya::Pod for KernelLayout {}
     unsafe impl aya::Pod for SubmitState {}
+    unsafe impl aya::Pod for QosWait {}
     unsafe impl<V: aya::Pod> aya::Pod for Slot<V> {}
     unsafe impl aya::Pod for Settings {}
     unsafe impl aya::Pod for StackLayout {}

@@ -38,9 +38,10 @@ pub(crate) fn aggregate(rec: &IoRecord, disk: Option<*mut DeviceState>) -> bool 
         o if o == s.op_write => agg::WRITE,
         _ => return false,
     };
-    // A bio blk-throttle checked has H2Q, which the series do not count: such IO is limited
-    // to its group's rate, so sending it whole costs little.
-    if rec.parent != 0 || rec.flags & flag::CLONED != 0 || rec.ts[event::H] != 0 {
+    // A bio blk-throttle checked has H2Q, and one an rq-qos policy held has a wait, which the
+    // series do not count: such IO is limited to its policy's rate, so sending it whole costs
+    // little.
+    if rec.parent != 0 || rec.flags & flag::CLONED != 0 || rec.ts[event::H] != 0 || rec.qos != 0 {
         return false;
     }
     // The series the daemon counts the IO towards: its partition's when that has one (it was

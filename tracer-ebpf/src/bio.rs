@@ -10,6 +10,7 @@ use crate::{
     kernel::{Mem, Probe, bio_cgroup, bio_dev, read_current_comm},
     maps::{BIOS, EVENTS, LINKS, commit_flags, count_lost, is_traced, layout, settings, stacking, streaming},
     slots::{copy_comm, copy_words, slot_claim, slot_claim_free, slot_free, slot_get, zero_words},
+    qos::take_qos_wait,
     stacking::{on_head_complete, queued_clone_upper, queued_own_kind},
 };
 
@@ -19,7 +20,8 @@ use crate::{
 /// a held bio's Q runs in that worker.
 pub(crate) fn on_throttle<M: Mem>(bio: u64) {
     let l = layout();
-    if !is_traced(bio_dev::<M>(l, bio)) {
+    let dev = bio_dev::<M>(l, bio);
+    if !is_traced(dev) {
         return;
     }
     let Some(state) = slot_claim(&BIOS, limits::BIO_SLOTS, M::key(bio)) else {
@@ -30,6 +32,7 @@ pub(crate) fn on_throttle<M: Mem>(bio: u64) {
     let state = unsafe { &mut *state };
     state.queued_ns = 0;
     state.held_ns = unsafe { bpf_ktime_get_ns() };
+    state.dev = dev;
     state.pid = bpf_get_current_pid_tgid() as u32;
     if settings().aggregate == agg::mode::RECORDS || streaming() {
         read_current_comm(l, &mut state.comm);
@@ -58,8 +61,9 @@ pub(crate) fn on_bio_queue<M: Mem>(bio: u64) {
     }
     // Its own slot if H claimed it (or a pointer reused after a missed completion), else a free one.
     let (state, held) = match slot_get(&BIOS, limits::BIO_SLOTS, key) {
-        // SAFETY: our slot's value.
-        Some(state) => (state, unsafe { (*state).queued_ns } == 0),
+        // SAFETY: our slot's value. A claim of H left on another device (it stopped being
+        // traced before this pointer's Q) is not this bio's.
+        Some(state) => (state, unsafe { (*state).queued_ns == 0 && (*state).dev == dev }),
         None => match slot_claim_free(&BIOS, limits::BIO_SLOTS, key) {
             Some(state) => (state, false),
             None => {
@@ -73,6 +77,12 @@ pub(crate) fn on_bio_queue<M: Mem>(bio: u64) {
     state.queued_ns = unsafe { bpf_ktime_get_ns() };
     if !held {
         state.held_ns = 0;
+    }
+    // Volatile: see below.
+    // SAFETY: fields of our slot's value.
+    unsafe {
+        write_volatile(&raw mut state.qos_ns, 0);
+        write_volatile(&raw mut state.qos, 0);
     }
     state.getrq_ns = 0;
     state.sector = M::read(bio, l.bio_bi_sector);
@@ -119,7 +129,9 @@ pub(crate) fn on_bio_queue<M: Mem>(bio: u64) {
 pub(crate) fn on_getrq<M: Mem>(bio: u64) {
     if let Some(state) = slot_get(&BIOS, limits::BIO_SLOTS, M::key(bio)) {
         // SAFETY: map value pointer from a successful lookup.
-        unsafe { (*state).getrq_ns = bpf_ktime_get_ns() };
+        let state = unsafe { &mut *state };
+        state.getrq_ns = unsafe { bpf_ktime_get_ns() };
+        take_qos_wait(state);
     }
 }
 
@@ -179,6 +191,8 @@ pub(crate) fn on_bio_merge<M: Mem>(bio: u64) {
         rec.ts[event::H] = state.held_ns;
         rec.ts[event::Q] = state.queued_ns;
         rec.ts[event::M] = bpf_ktime_get_ns();
+        rec.qos = state.qos;
+        rec.qos_ns = state.qos_ns;
     }
     slot_free(state);
     entry.submit(commit_flags());
@@ -235,4 +249,5 @@ pub(crate) fn fill_bio_record(rec: *mut IoRecord, b: &BioState, id: u64, complet
     rec.ts[event::H] = b.held_ns;
     rec.ts[event::Q] = b.queued_ns;
     rec.ts[event::C] = completed;
+    // No qos: rq-qos waits are taken at G, and a bio that got a request goes in its record.
 }

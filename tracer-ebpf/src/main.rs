@@ -16,6 +16,7 @@ mod aggregate;
 mod bio;
 mod kernel;
 mod maps;
+mod qos;
 mod request;
 mod slots;
 mod stacking;
@@ -29,6 +30,7 @@ use aya_ebpf::{
 use crate::{
     bio::{on_bio_complete, on_bio_merge, on_bio_queue, on_getrq, on_split, on_throttle},
     kernel::{Direct, Probe, arg},
+    qos::{on_qos_enter, on_qos_exit, rq_qos_policy},
     request::{on_rq_complete, on_rq_insert, on_rq_issue, on_rq_requeue},
     stacking::{
         on_bio_remap, on_personality_enter, on_personality_exit, on_queue_rq_enter, on_queue_rq_exit,
@@ -151,6 +153,31 @@ pub fn kp_throttle(ctx: ProbeContext) -> u32 {
     if let Some(bio) = ctx.arg::<u64>(0) {
         on_throttle::<Probe>(bio);
     }
+    0
+}
+
+// rq-qos waits inside Q2G (kernel functions: kprobes, with config rq_qos).
+#[kprobe]
+pub fn kp_rq_qos_wait(ctx: ProbeContext) -> u32 {
+    on_qos_enter(rq_qos_policy(ctx.arg::<u64>(2).unwrap_or(0)));
+    0
+}
+
+#[kretprobe]
+pub fn kr_rq_qos_wait(_ctx: RetProbeContext) -> u32 {
+    on_qos_exit();
+    0
+}
+
+#[kprobe]
+pub fn kp_ioc_throttle(_ctx: ProbeContext) -> u32 {
+    on_qos_enter(tracer_common::qos::IOCOST);
+    0
+}
+
+#[kretprobe]
+pub fn kr_ioc_throttle(_ctx: RetProbeContext) -> u32 {
+    on_qos_exit();
     0
 }
 

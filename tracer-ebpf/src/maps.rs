@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     BioState, CgroupSeriesKey, DeviceState, IoRecord, KernelLayout, RequestState, SeriesAgg, Settings, Slot, StackLayout,
-    SubmitState, agg, event, limits, lost,
+    QosWait, SubmitState, agg, event, limits, lost,
 };
 
 /// Struct offsets of the running kernel, written by the loader (read-only data).
@@ -46,6 +46,9 @@ pub(crate) static SETTINGS: Settings = Settings {
     op_read: 0,
     op_write: 0,
     cgroups: 0,
+    rq_qos: 0,
+    wbt_inflight_cb: 0,
+    iolat_acquire_inflight: 0,
 };
 
 /// The in-kernel aggregation (`tracer_common::agg`): per CPU, one entry per (device series,
@@ -91,6 +94,14 @@ pub(crate) static STACK: Array<StackLayout> = Array::with_max_entries(1, 0);
 #[map]
 pub(crate) static LINKS: HashMap<u64, u64> = HashMap::with_max_entries(limits::MAX_LINKS, 0);
 
+/// Tasks in an rq-qos wait, then with a finished wait for their bio's G to take. Key: thread id.
+#[map]
+pub(crate) static QOS_WAITS: HashMap<u32, QosWait> = HashMap::with_max_entries(limits::MAX_SUBMITTERS, 0);
+
+/// Finished waits in `QOS_WAITS` not yet taken: G looks there only while this is non-zero.
+#[map]
+pub(crate) static QOS_PENDING: Array<u64> = Array::with_max_entries(1, 0);
+
 /// Tasks inside a stacked device's submit function. Key: thread id.
 #[map]
 pub(crate) static SUBMITTING: HashMap<u32, SubmitState> =
@@ -119,22 +130,33 @@ pub(crate) fn streaming() -> bool {
     STREAM.get(0).is_some_and(|v| *v != 0)
 }
 
-/// How to commit an IO of `disk` that is among the slow ones the daemon wants whole
-/// (`SLOW_NS`: Q to C, or D to C where no Q was seen); None when it is not. While the bar is
-/// at its floor the minute's list is not full: such a record wakes the reader at once, so the
-/// bar rises after a read of a few records, not after a poll's worth of IOs sent whole.
+/// Whether an IO of `disk` is among the slow ones the daemon wants whole (`SLOW_NS`): Q to C,
+/// or D to C where no Q was seen. While the bar is at its floor the minute's list is not full:
+/// such a record wakes the reader at once (its commit), so the bar rises after a read of a few
+/// records, not after a poll's worth of IOs sent whole.
 #[inline(always)]
-pub(crate) fn slow(rec: &IoRecord, disk: Option<*mut DeviceState>) -> Option<u64> {
-    const BPF_RB_FORCE_WAKEUP: u64 = 2;
-    let disk = disk?;
+pub(crate) fn slow(rec: &IoRecord, disk: Option<*mut DeviceState>) -> bool {
+    let Some(disk) = disk else { return false };
     // SAFETY: a live map value; `index` is written once, at insert.
     let index = unsafe { (*disk).index };
-    let threshold = *SLOW_NS.get(index)?;
+    let Some(&threshold) = SLOW_NS.get(index) else { return false };
     let start = if rec.ts[event::Q] != 0 { rec.ts[event::Q] } else { rec.ts[event::D] };
     if threshold == 0 || start == 0 || rec.ts[event::C].wrapping_sub(start) < threshold {
-        return None;
+        return false;
     }
-    Some(if threshold <= limits::SLOW_FLOOR_NS { BPF_RB_FORCE_WAKEUP } else { commit_flags() })
+    if threshold <= limits::SLOW_FLOOR_NS {
+        wake_at_next_commit();
+    }
+    true
+}
+
+/// The next record this CPU commits wakes the reader (see `commit_flags`).
+#[inline(always)]
+fn wake_at_next_commit() {
+    if let Some(since) = SINCE_WAKEUP.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot, no concurrent writer.
+        unsafe { *since = u32::MAX - 1 };
+    }
 }
 
 /// The start-up choices, read once per use (volatile: the loader's values, not the zeros).

@@ -45,6 +45,8 @@ pub(crate) fn init_request_record<M: Mem>(l: &KernelLayout, rq: u64, id: u64, di
             rec.ts[event::H] = b.held_ns;
             rec.ts[event::Q] = b.queued_ns;
             rec.ts[event::G] = b.getrq_ns;
+            rec.qos = b.qos;
+            rec.qos_ns = b.qos_ns;
             rec.dev = b.dev;
             rec.pid = b.pid;
             rec.cgroup = b.cgroup;
@@ -231,18 +233,13 @@ pub(crate) fn on_rq_complete<M: Mem>(rq: u64, error: u32, nr_bytes: u32) {
         s.record.flags |= flag::FAILOVER;
     }
     let mode = settings().aggregate;
-    // Counted in the kernel: sent too only to a view streaming, or as one of the slowest.
-    let mut slow_flags = None;
     if mode != agg::mode::RECORDS && aggregate(&s.record, disk) {
-        if mode == agg::mode::KERNEL && !streaming() {
-            slow_flags = slow(&s.record, disk);
-            if slow_flags.is_none() {
-                slot_free(state);
-                if path {
-                    on_path_done(path_bios);
-                }
-                return;
+        if mode == agg::mode::KERNEL && !streaming() && !slow(&s.record, disk) {
+            slot_free(state);
+            if path {
+                on_path_done(path_bios);
             }
+            return;
         }
         s.record.flags |= flag::IN_KERNEL;
     }
@@ -255,7 +252,7 @@ pub(crate) fn on_rq_complete<M: Mem>(rq: u64, error: u32, nr_bytes: u32) {
                 copy_words(rec, &raw const s.record);
                 kernel_stamps::<M>(l, rq, &mut *rec);
             }
-            entry.submit(slow_flags.unwrap_or_else(commit_flags));
+            entry.submit(commit_flags());
         }
         None => count_lost(lost::RINGBUF_FULL),
     }

@@ -24,6 +24,7 @@ pub struct File {
     pub ring_buffer_bytes: Option<u64>,
     pub attach: Option<String>,
     pub kprobes: Option<bool>,
+    pub rq_qos: Option<bool>,
     #[serde(default)]
     pub devices: DevicesSection,
     #[serde(default)]
@@ -127,6 +128,8 @@ pub struct Config {
     pub attach: Attach,
     /// Load the submit-path kprobes where the kernel has kprobes.
     pub kprobes: bool,
+    /// Time rq-qos waits (wbt, io.latency, io.cost) inside Q2G, with kprobes.
+    pub rq_qos: bool,
     /// Devices to trace; empty means every block device.
     pub include: Vec<String>,
     /// Devices never traced (kernel names; `*` matches any run of characters).
@@ -163,6 +166,7 @@ impl Default for Config {
             ring_buffer_bytes: None,
             attach: Attach::Auto,
             kprobes: true,
+            rq_qos: false,
             include: Vec::new(),
             exclude: Vec::new(),
             histogram: HistogramRange::default(),
@@ -223,6 +227,7 @@ pub fn resolve(file: File, flags: Flags) -> Result<Config> {
         (None, None) => d.attach,
     };
     let kprobes = !flags.no_kprobes && file.kprobes.unwrap_or(d.kprobes);
+    let rq_qos = kprobes && file.rq_qos.unwrap_or(d.rq_qos);
     // Each list is checked where it came from, so the error names the flag or the key to fix.
     for (source, names) in [
         ("--device", flags.devices.as_slice()),
@@ -356,6 +361,7 @@ pub fn resolve(file: File, flags: Flags) -> Result<Config> {
         ring_buffer_bytes,
         attach,
         kprobes,
+        rq_qos,
         include,
         exclude,
         histogram,

@@ -62,6 +62,7 @@ fn settings(
         all_devices,
         attach: config.attach,
         no_kprobes: !config.kprobes,
+        rq_qos: config.rq_qos,
         ..Default::default()
     };
     Ok((config, selection, opts))

@@ -19,7 +19,7 @@ use crate::{
     model::aggregate::{Aggregator, HIGHEST_NS, LOWEST_NS, LayerStats, Lost, OpStats, SIGFIG, StageHist},
     model::layers::Phase,
     model::op::Op,
-    model::stage::Stage,
+    model::stage::{self, Stage},
     model::topology::{Device, Topology},
 };
 
@@ -106,6 +106,9 @@ pub struct OpCapture {
     /// Stacked devices: the upper IOs' Q2C split against each lower device.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub layers: Vec<LayerCapture>,
+    /// rq-qos waits inside Q2G, by policy (`wbt`, `iocost`, ...; config `rq_qos`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub qos_wait: BTreeMap<String, Hist>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -338,6 +341,7 @@ impl Capture {
                         phases: Phase::ALL.iter().zip(&l.phases).map(|(&p, h)| (p, Hist::of(h))).collect(),
                     })
                     .collect(),
+                qos_wait: s.qos.iter().map(|(&p, h)| (stage::qos_name(p), Hist::of(h))).collect(),
             };
             match devices.last_mut() {
                 Some(d) if d.device == device => d.ops.push(op_capture),
@@ -396,6 +400,11 @@ impl Capture {
                 }
                 if let Some(q) = o.queue_depth {
                     (stats.queue_depth.sum, stats.queue_depth.count) = (q.sum, q.count);
+                }
+                for (policy, h) in &o.qos_wait {
+                    if let Some(bits) = stage::qos_bits(policy) {
+                        stats.qos.insert(bits, boxed(h));
+                    }
                 }
                 for l in &o.layers {
                     let lower = id_of(&l.lower, &mut agg);

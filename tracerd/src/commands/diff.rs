@@ -460,6 +460,7 @@ mod tests {
                 stages: stages.iter().cloned().collect(),
                 queue_depth: None,
                 layers: vec![],
+                qos_wait: BTreeMap::new(),
             };
             match out.iter_mut().find(|d| d.device == *device) {
                 Some(d) => d.ops.push(op),

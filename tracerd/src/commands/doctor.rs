@@ -18,7 +18,10 @@ use tracer_common::limits;
 use crate::{
     kernel::btf::{Btf, VMLINUX},
     kernel::cgroup_series,
-    kernel::hooks::{HOOKS, Hook, HookStatus, KPROBES, THROTTLE, kprobes_available, throttle_unavailable},
+    kernel::hooks::{
+        HOOKS, Hook, HookStatus, KPROBES, RQ_QOS, RQ_QOS_CALLBACKS, THROTTLE, kallsyms_addresses, kprobes_available,
+        rq_qos_unavailable, throttle_unavailable,
+    },
     kernel::layout,
     kernel::series,
     kernel::stacking::{self, Chain, ChainState},
@@ -149,6 +152,12 @@ fn run_checks(load: bool, socket: &std::path::Path) -> Vec<Check> {
     if let Some(btf) = &btf {
         checks.extend(chain_checks(&stacking::resolve(btf, kprobes_available()).1));
         checks.push(throttle_check(throttle_unavailable(btf, true, kprobes_available()), attached));
+        // Addresses all zero: kallsyms hides them from this user (kptr_restrict).
+        let callbacks = std::fs::read_to_string(KALLSYMS)
+            .ok()
+            .filter(|t| t.lines().any(|l| l.split(' ').next().is_some_and(|a| a.bytes().any(|b| b != b'0'))))
+            .map(|t| kallsyms_addresses(&t, RQ_QOS_CALLBACKS));
+        checks.push(rq_qos_check(rq_qos_unavailable(btf, kprobes_available()), callbacks));
     }
 
     checks.push(ring_buffer_check(privileged, create_ring_buffer));
@@ -212,6 +221,42 @@ fn throttle_check(unavailable: Option<String>, attached: Option<&[HookStatus]>) 
             "in BTF, kprobe PMU present: H2Q (blk-throttle's hold before Q) can be timed",
         ),
     }
+}
+
+/// The Q2G split (config `rq_qos`, off by default): whether this kernel allows it, and whether
+/// `/proc/kallsyms` names the callbacks that tell wbt's waits from io.latency's (None: it
+/// hides their addresses).
+fn rq_qos_check((unavailable, partial): (Option<String>, Option<String>), callbacks: Option<[u64; 2]>) -> Check {
+    const NAME: &str = "rq_qos";
+    const POLICIES: [&str; 2] = ["wbt (CONFIG_BLK_WBT)", "io.latency (CONFIG_BLK_CGROUP_IOLATENCY)"];
+    if let Some(why) = unavailable {
+        return Check::new(NAME, Status::Warn, why).advice(
+            "only for hosts whose disks use wbt, io.latency or io.cost: use a kernel with \
+             CONFIG_KPROBES=y (distribution kernels have it)",
+        );
+    }
+    let mut detail = format!(
+        "{} in BTF, kprobe PMU present: with rq_qos = true in the config, Q2G's rq-qos waits are \
+         timed and named",
+        RQ_QOS.iter().map(|k| k.function).collect::<Vec<_>>().join(" and ")
+    );
+    match callbacks {
+        None => detail.push_str(&format!(
+            "; {KALLSYMS} hides addresses here (not root, or kptr_restrict): wbt's and io.latency's \
+             waits would be named rq_qos"
+        )),
+        Some(addresses) => {
+            for ((name, policy), _) in
+                RQ_QOS_CALLBACKS.iter().zip(POLICIES).zip(addresses).filter(|(_, a)| *a == 0)
+            {
+                detail.push_str(&format!("; no {name}: this kernel has no {policy}"));
+            }
+        }
+    }
+    if let Some(p) = partial {
+        detail.push_str(&format!("; {p}"));
+    }
+    Check::new(NAME, Status::Ok, detail)
 }
 
 fn read_sysctl(name: &str) -> Option<String> {
@@ -1229,6 +1274,20 @@ garbage
         assert_eq!(c.status, Status::Warn);
         assert!(c.detail.ends_with("unavailable: kprobe failed"), "{}", c.detail);
         assert_eq!(throttle_check(None, None).status, Status::Ok, "not loaded: available");
+    }
+
+    #[test]
+    fn the_rq_qos_check_says_whether_q2g_splits_and_what_it_names() {
+        let c = rq_qos_check((Some("Q2G's split (...) is unavailable: no kprobe PMU".into()), None), Some([1, 2]));
+        assert_eq!((c.name.as_str(), c.status), ("rq_qos", Status::Warn));
+        assert!(c.detail.ends_with("no kprobe PMU") && c.advice.unwrap().contains("CONFIG_KPROBES"));
+        let c = rq_qos_check((None, None), Some([1, 2]));
+        assert_eq!(c.status, Status::Ok);
+        assert!(c.detail.starts_with("rq_qos_wait and ioc_rqos_throttle in BTF") && !c.detail.contains(';'));
+        let c = rq_qos_check((None, Some("no ioc_rqos_throttle".into())), None);
+        assert!(c.detail.contains("named rq_qos") && c.detail.ends_with("; no ioc_rqos_throttle"), "{}", c.detail);
+        let c = rq_qos_check((None, None), Some([1, 0]));
+        assert!(c.detail.ends_with("no iolat_acquire_inflight: this kernel has no io.latency (CONFIG_BLK_CGROUP_IOLATENCY)"));
     }
 
     #[test]

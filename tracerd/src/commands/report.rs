@@ -135,6 +135,9 @@ pub struct OpReport {
     /// Stacked devices: time in the submit function (`submit_bio`) and md personality.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub submit_path: BTreeMap<&'static str, StageSummary>,
+    /// rq-qos waits inside Q2G, by policy (`wbt`, `iocost`, ...; config `rq_qos`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub qos_wait: BTreeMap<String, StageSummary>,
 }
 
 #[derive(Debug, Serialize)]
@@ -245,6 +248,7 @@ impl OpReport {
                 .into_iter()
                 .filter_map(|(k, h)| Some((k, StageSummary::of(h.as_deref()?))))
                 .collect(),
+            qos_wait: s.qos.iter().map(|(&p, h)| (stage::qos_name(p), StageSummary::of(h))).collect(),
         }
     }
 }
@@ -666,6 +670,17 @@ fn render_op(out: &mut String, device: &str, op: &OpReport, style: Style) {
             &[(Align::Left, 10), (Align::Right, 8), (Align::Left, 11), time, time, time, time, time],
             &["lower", "ios", "phase", "mean", "p50", "p90", "p99", "max"],
             &rows,
+        );
+    }
+    for (policy, s) in &op.qos_wait {
+        let _ = writeln!(
+            out,
+            "  rq-qos wait in Q2G ({policy}): {} IOs, mean {}, p50 {}, p99 {}, max {}",
+            s.count,
+            t(s.mean_s),
+            t(s.p50_s),
+            t(s.p99_s),
+            t(s.max_s)
         );
     }
     for (function, s) in &op.submit_path {

@@ -122,6 +122,11 @@ pub struct SnoopLine<'a> {
     pub submit_ns: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub personality_ns: Option<u64>,
+    /// Time in rq-qos policies inside Q2G, and which (config `rq_qos`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub qos_wait_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub qos_policy: Option<String>,
     /// A stacked device's IO: its Q2C split against each device below.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub layers: Vec<LayerLine>,
@@ -207,6 +212,8 @@ pub fn line<'a>(
         unlinked: (rec.flags & flag::UNLINKED != 0).then(|| own::name(rec.own)),
         submit_ns: (rec.submit_ns != 0).then_some(rec.submit_ns),
         personality_ns: (rec.personality_ns != 0).then_some(rec.personality_ns),
+        qos_wait_ns: (rec.qos != 0).then_some(rec.qos_ns),
+        qos_policy: (rec.qos != 0).then(|| crate::model::stage::qos_name(rec.qos)),
         layers: io
             .layers
             .iter()

@@ -143,6 +143,57 @@ pub fn throttle_unavailable(btf: &Btf, kprobes_on: bool, kprobe_pmu: bool) -> Op
     None
 }
 
+/// rq-qos waits between Q and G (config `rq_qos`): `rq_qos_wait`, where wbt and io.latency
+/// wait (its third argument names which), and `ioc_rqos_throttle`, where io.cost waits.
+pub const RQ_QOS: &[KprobeHook] = &[
+    KprobeHook { function: "rq_qos_wait", entry: "kp_rq_qos_wait", ret: Some("kr_rq_qos_wait") },
+    KprobeHook { function: "ioc_rqos_throttle", entry: "kp_ioc_throttle", ret: Some("kr_ioc_throttle") },
+];
+
+/// The callbacks through which wbt and io.latency call `rq_qos_wait`, in this order in
+/// `Settings`: static functions, so their addresses come from `/proc/kallsyms`.
+pub const RQ_QOS_CALLBACKS: [&str; 2] = ["wbt_inflight_cb", "iolat_acquire_inflight"];
+
+/// Why Q2G cannot be split into rq-qos waits and the rest on this kernel (None: it can, with
+/// config `rq_qos`). A kernel without `ioc_rqos_throttle` (no io.cost) still splits wbt's and
+/// io.latency's waits: `partial` says so.
+pub fn rq_qos_unavailable(btf: &Btf, kprobe_pmu: bool) -> (Option<String>, Option<String>) {
+    let has = |f: &str| btf.find(f, crate::kernel::btf::Kind::Func).is_some();
+    let what = "Q2G's split (rq-qos policies' waits apart from the wait for a request)";
+    if !has(RQ_QOS[0].function) {
+        let why = format!(
+            "{what} is unavailable: this kernel has no {} function (no CONFIG_BLK_WBT, \
+             CONFIG_BLK_CGROUP_IOLATENCY or CONFIG_BLK_CGROUP_IOCOST); Q2G stays whole",
+            RQ_QOS[0].function
+        );
+        return (Some(why), None);
+    }
+    if !kprobe_pmu {
+        let why = format!(
+            "{what} is unavailable: no tracepoint marks these waits and this kernel has no kprobe \
+             PMU (CONFIG_KPROBES, CONFIG_KPROBE_EVENTS); Q2G stays whole"
+        );
+        return (Some(why), None);
+    }
+    let partial = (!has(RQ_QOS[1].function)).then(|| {
+        format!("no {} (no CONFIG_BLK_CGROUP_IOCOST): io.cost's waits are not split", RQ_QOS[1].function)
+    });
+    (None, partial)
+}
+
+/// Addresses of `names` in a `/proc/kallsyms` text (0 where absent or hidden).
+pub fn kallsyms_addresses<const N: usize>(text: &str, names: [&str; N]) -> [u64; N] {
+    let mut out = [0; N];
+    for line in text.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(addr), Some(_), Some(name)) = (f.next(), f.next(), f.next()) else { continue };
+        if let Some(i) = names.iter().position(|n| *n == name) {
+            out[i] = u64::from_str_radix(addr, 16).unwrap_or(0);
+        }
+    }
+    out
+}
+
 const KPROBE_PMU: &str = "/sys/bus/event_source/devices/kprobe/type";
 
 /// Whether this kernel can attach kprobes at all.
@@ -165,6 +216,10 @@ pub fn load_kprobe_programs(ebpf: &mut Ebpf) -> Result<(), String> {
         "kp_queue_rq",
         "kr_queue_rq",
         "kp_throttle",
+        "kp_rq_qos_wait",
+        "kr_rq_qos_wait",
+        "kp_ioc_throttle",
+        "kr_ioc_throttle",
     ] {
         kprobe(ebpf, name)?.load().map_err(|e| format!("{name}: {}", error_chain(&e)))?;
     }

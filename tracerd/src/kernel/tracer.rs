@@ -21,7 +21,8 @@ use crate::{
     kernel::btf::{Btf, VMLINUX},
     kernel::cgroup_series::{self, CgroupOf, CgroupSeriesTable},
     kernel::hooks::{
-        HOOKS, HookStatus, KPROBES, THROTTLE, kprobes_available, load_kprobe_programs, throttle_unavailable,
+        HOOKS, HookStatus, KPROBES, RQ_QOS, RQ_QOS_CALLBACKS, THROTTLE, kallsyms_addresses,
+        kprobes_available, load_kprobe_programs, throttle_unavailable,
     },
     kernel::layout,
     kernel::series::{self, DeviceIndex, SeriesTable},
@@ -45,6 +46,8 @@ pub struct LoadOptions {
     pub attach: Attach,
     /// Load no kprobes (config `kprobes = false`, `--no-kprobes`).
     pub no_kprobes: bool,
+    /// Time rq-qos waits inside Q2G (config `rq_qos`; kprobes on every tracked bio).
+    pub rq_qos: bool,
     /// Devices traced at start, which the in-kernel series are sized for ([`series::capacity`]).
     pub targets: usize,
     /// Series are labelled by cgroup (config `[cgroups] label`): the kernel keeps
@@ -200,6 +203,13 @@ impl Tracer {
         let aya_btf = AyaBtf::from_sys_fs().ok();
         let ring_bytes = opts.ring_buffer_bytes.unwrap_or(limits::RINGBUF_BYTES);
         let (op_mask, op_read, op_write) = ops.kernel_numbers();
+        // Hidden (0) without root or under kptr_restrict: the waits are then named rq_qos.
+        let qos_callbacks = match opts.rq_qos {
+            true => std::fs::read_to_string("/proc/kallsyms")
+                .map(|t| kallsyms_addresses(&t, RQ_QOS_CALLBACKS))
+                .unwrap_or_default(),
+            false => [0; 2],
+        };
         let settings = Settings {
             wakeup_records: wakeup_records(ring_bytes),
             all_devices: opts.all_devices as u32,
@@ -208,6 +218,9 @@ impl Tracer {
             op_read,
             op_write,
             cgroups: opts.cgroups as u32,
+            rq_qos: opts.rq_qos as u32,
+            wbt_inflight_cb: qos_callbacks[0],
+            iolat_acquire_inflight: qos_callbacks[1],
         };
         let mut loader = EbpfLoader::new();
         loader.btf(aya_btf.as_ref()).override_global(names::LAYOUT, &layout, true).override_global(
@@ -266,6 +279,7 @@ impl Tracer {
             stack: StackLayout::default(),
         };
         tracer.load_kprobes(opts.no_kprobes, &btf);
+        tracer.load_rq_qos(opts.rq_qos, &btf);
         tracer.resolve_chains(&btf)?;
         Ok(tracer)
     }
@@ -338,6 +352,27 @@ impl Tracer {
         };
         log_status(&status);
         self.hooks.push(status);
+    }
+
+    /// The rq-qos wait probes, where asked for (config `rq_qos`) and the kernel has them. Off,
+    /// they are not listed among the hooks at all.
+    fn load_rq_qos(&mut self, on: bool, btf: &Btf) {
+        if !on {
+            return;
+        }
+        for k in RQ_QOS {
+            let status = if !self.kprobes_loaded {
+                k.skipped(
+                    "rq-qos waits need kprobes, which are off or unavailable (see the kprobes above)".into(),
+                )
+            } else if btf.find(k.function, crate::kernel::btf::Kind::Func).is_none() {
+                k.skipped(format!("this kernel has no {} function (or no such policy built)", k.function))
+            } else {
+                k.attach(&mut self.ebpf)
+            };
+            log_status(&status);
+            self.hooks.push(status);
+        }
     }
 
     /// Retries kprobes that failed for want of their module (md or dm loaded later).

@@ -137,6 +137,8 @@ pub struct OpStats {
     /// Stacked devices: time inside the driver's submit function, and the md personality's.
     pub submit: Option<Box<StageHist>>,
     pub personality: Option<Box<StageHist>>,
+    /// rq-qos waits inside Q2G, by the policies waited in (`tracer_common::qos` bits).
+    pub qos: BTreeMap<u8, Box<StageHist>>,
     /// Queue depth at issue of requests issued with one known.
     pub queue_depth: QueueDepths,
 }
@@ -192,6 +194,7 @@ impl Default for OpStats {
             layers: BTreeMap::new(),
             submit: None,
             personality: None,
+            qos: BTreeMap::new(),
             queue_depth: QueueDepths::default(),
         }
     }
@@ -369,6 +372,9 @@ impl Aggregator {
         }
         if rec.personality_ns != 0 {
             stats.personality.get_or_insert_with(StageHist::new).record(rec.personality_ns);
+        }
+        if rec.qos != 0 {
+            stats.qos.entry(rec.qos).or_insert_with(StageHist::new).record(rec.qos_ns);
         }
         if rec.kind == kind::MERGE {
             stats.merged_bios += 1;

@@ -117,6 +117,8 @@ pub struct SeriesFrame {
     pub layers: BTreeMap<u32, LayerFrame>,
     pub submit: Option<Box<Buckets>>,
     pub personality: Option<Box<Buckets>>,
+    /// rq-qos waits inside Q2G, by the policies waited in (`tracer_common::qos` bits).
+    pub qos: BTreeMap<u8, Box<Buckets>>,
 }
 
 impl SeriesFrame {
@@ -139,6 +141,9 @@ impl SeriesFrame {
         }
         if rec.personality_ns != 0 {
             record_in(&mut self.personality, rec.personality_ns);
+        }
+        if rec.qos != 0 {
+            self.qos.entry(rec.qos).or_insert_with(Buckets::new).record(rec.qos_ns);
         }
         if rec.kind == kind::MERGE {
             self.merged_bios += 1;
@@ -226,6 +231,9 @@ impl SeriesFrame {
             if let Some(b) = b {
                 b.add_to(slot.get_or_insert_with(StageHist::default_range));
             }
+        }
+        for (&policies, b) in &self.qos {
+            b.add_to(stats.qos.entry(policies).or_insert_with(StageHist::default_range));
         }
     }
 }
@@ -539,6 +547,11 @@ fn encode_series(w: &mut Vec<u8>, (dev, op): (u32, Op), s: &SeriesFrame) {
     for b in s.submit.iter().chain(&s.personality) {
         encode_buckets(w, b);
     }
+    w.push(s.qos.len() as u8);
+    for (&policies, b) in &s.qos {
+        w.push(policies);
+        encode_buckets(w, b);
+    }
     varint(w, s.layers.len() as u64);
     for (&lower, l) in &s.layers {
         varint(w, lower as u64);
@@ -631,6 +644,10 @@ fn decode_series(r: &mut Reader) -> Option<((u32, Op), SeriesFrame)> {
     if extra & 2 != 0 {
         s.personality = Some(r.buckets()?);
     }
+    for _ in 0..r.byte()? {
+        let policies = r.byte()?;
+        s.qos.insert(policies, r.buckets()?);
+    }
     for _ in 0..r.varint()? {
         let lower = u32::try_from(r.varint()?).ok()?;
         let (ios, lower_ios) = (r.varint()?, r.varint()?);
@@ -643,6 +660,8 @@ fn decode_series(r: &mut Reader) -> Option<((u32, Op), SeriesFrame)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tracer_common::qos;
+
     use crate::model::aggregate::count_like_the_kernel;
 
     fn request(q: u64, d: u64, c: u64, bytes: u32, qd: u32) -> IoRecord {
@@ -680,6 +699,11 @@ mod tests {
         b.add_record(1, Op::Write, &merge, &[]);
         let (upper, splits) = stacked();
         b.add_record(9, Op::Write, &upper, &splits);
+        // Waits in io.cost, and in wbt and io.cost at once, inside Q2G.
+        for (policies, ns) in [(qos::IOCOST, 7000), (qos::IOCOST, 9000), (qos::WBT | qos::IOCOST, 30_000)] {
+            let r = IoRecord { qos: policies, qos_ns: ns, ..request(1000, 50_000, 60_000, 4096, 1) };
+            b.add_record(3, Op::Write, &r, &[]);
+        }
         // md's own IO below it, by kind.
         for own in [own::PARITY, own::PARITY, own::UNSTATED] {
             b.add_record(

@@ -2,7 +2,7 @@
 //! The one place that decides the stage list; metrics, report and snoop all ask here.
 
 use serde::{Deserialize, Serialize};
-use tracer_common::{IoRecord, agg, event, kind};
+use tracer_common::{IoRecord, agg, event, kind, qos};
 
 /// An interval between two block-layer events.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -109,6 +109,19 @@ pub fn path(rec: &IoRecord) -> String {
     String::from_utf8_lossy(&letters[..n]).into_owned()
 }
 
+/// The rq-qos policies of an IO's wait (`tracer_common::qos` bits), as `tracerd_io_qos_wait_seconds`
+/// labels them: `wbt`, `iocost`, ..., joined by `+` where it waited in more than one.
+pub fn qos_name(policies: u8) -> String {
+    let names: Vec<&str> =
+        qos::NAMES.iter().filter(|(bit, _)| policies & bit != 0).map(|(_, n)| *n).collect();
+    names.join("+")
+}
+
+/// The bits of a [`qos_name`]; None for a name it never gives.
+pub fn qos_bits(name: &str) -> Option<u8> {
+    name.split('+').try_fold(0, |bits, n| Some(bits | qos::NAMES.iter().find(|(_, m)| *m == n)?.0))
+}
+
 /// Each event's letter, in the order paths spell them.
 const LETTERS: [(usize, u8); event::COUNT] = [
     (event::H, b'H'),
@@ -195,6 +208,17 @@ mod tests {
         let mut m = IoRecord { kind: kind::MERGE, ..Default::default() };
         (m.ts[event::H], m.ts[event::Q], m.ts[event::M]) = (5, 10, 25);
         assert_eq!(stages(&m), vec![(Stage::H2q, 5), (Stage::Q2m, 15)]);
+    }
+
+    #[test]
+    fn qos_policies_are_named_and_joined() {
+        assert_eq!(qos_name(tracer_common::qos::IOCOST), "iocost");
+        assert_eq!(qos_name(tracer_common::qos::WBT | tracer_common::qos::IOCOST), "wbt+iocost");
+        assert_eq!(qos_name(tracer_common::qos::OTHER), "rq_qos");
+        for bits in 1..16 {
+            assert_eq!(qos_bits(&qos_name(bits)), Some(bits));
+        }
+        assert_eq!(qos_bits("wbt+nope"), None);
     }
 
     #[test]

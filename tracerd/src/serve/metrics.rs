@@ -266,6 +266,21 @@ pub fn families(state: &State, format: Format) -> Vec<Family> {
     out.push(f);
 
     let mut f = family(
+        "tracerd_io_qos_wait_seconds",
+        Kind::Histogram,
+        "Time IOs waited in rq-qos policies (wbt, iolatency, iocost) between Q and G, part of \
+         their Q2G; with config rq_qos = true.",
+    );
+    for (device, op, stats) in &series {
+        for (&policies, h) in &stats.qos {
+            let policy = crate::model::stage::qos_name(policies);
+            let l = labels([("device", device), ("op", op.as_str()), ("policy", &policy)]);
+            histogram(&mut f, l, stage_hist(h, native));
+        }
+    }
+    out.push(f);
+
+    let mut f = family(
         "tracerd_io_queue_depth",
         Kind::Histogram,
         "Requests in flight on the disk when each request was issued (this one included).",
@@ -685,6 +700,16 @@ mod tests {
             IoRecord { kind: kind::REQUEST, queue_depth: 1, flags: flag::UNLINKED, ..Default::default() };
         (qd.ts[event::D], qd.ts[event::C]) = (1, 2);
         plain.agg.add(7, Op::Write, &qd, &[], |_| "lo".into());
+        // An IO that waited in io.cost between Q and G.
+        let mut waited = IoRecord {
+            kind: kind::REQUEST,
+            qos: tracer_common::qos::IOCOST,
+            qos_ns: 9000,
+            ..Default::default()
+        };
+        (waited.ts[event::Q], waited.ts[event::G], waited.ts[event::D], waited.ts[event::C]) =
+            (1, 9500, 9600, 20_000);
+        plain.agg.add(7, Op::Read, &waited, &[], |_| "lo".into());
         plain.aggregation = "kernel";
         plain.recorder =
             RecorderGauges { bytes: 1, max_bytes: 2, frames: 1, span_s: 1.0, dropped_for_memory: 0 };
