@@ -10,8 +10,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use tracer_common::{
-    BioState, CgroupSeriesKey, DeviceState, IoRecord, KernelLayout, RequestState, SeriesAgg, Settings, Slot, StackLayout,
-    QosWait, SubmitState, agg, event, limits, lost,
+    BioState, CgroupSeriesKey, DeviceState, IoRecord, KernelLayout, QosWait, RequestState, SeriesAgg,
+    Settings, Slot, StackLayout, SubmitState, agg, event, limits, lost,
 };
 
 /// Struct offsets of the running kernel, written by the loader (read-only data).

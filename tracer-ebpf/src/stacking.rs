@@ -5,16 +5,17 @@
 
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use tracer_common::{
-    BioState, IoRecord, KernelLayout, RAID5_STRIPE_SECTORS, StackLayout, SubmitState, dm, flag, head_key, kind, limits,
-    lost, own,
+    BioState, IoRecord, KernelLayout, RAID5_STRIPE_SECTORS, StackLayout, SubmitState, dm, flag, head_key,
+    kind, limits, lost, own,
 };
 
 use crate::{
+    bio::fill_bio_record,
     kernel::{Mem, Probe, bio_dev, rq_disk, scalar, thread_id},
     maps::{
-        BIOS, EVENTS, LINKS, REQUESTS, SUBMITTING, commit_flags, count_lost, is_path, layout, paths_traced, stacking,
+        BIOS, EVENTS, LINKS, REQUESTS, SUBMITTING, commit_flags, count_lost, is_path, layout, paths_traced,
+        stacking,
     },
-    bio::fill_bio_record,
     slots::{copy_words, slot_claim, slot_claim_free, slot_free, slot_get, zero_words},
 };
 
@@ -80,7 +81,12 @@ fn md_upper(l: &KernelLayout, s: &StackLayout, bio: u64, upper_dev: u32) -> Opti
     } else if end == s.md_clone_end {
         // raid0 (and md-linear) send md's accounting clone itself: of the bio md got, or of a
         // front piece it split off, chained to that bio.
-        return queued_on(l, s, Probe::read(Probe::read::<u64>(bio, l.bio_bi_private), s.md_clone_orig_bio), upper_dev);
+        return queued_on(
+            l,
+            s,
+            Probe::read(Probe::read::<u64>(bio, l.bio_bi_private), s.md_clone_orig_bio),
+            upper_dev,
+        );
     } else if end == s.chain_end {
         // A front piece raid0 split off and sends uncloned.
         return queued_on(l, s, bio, upper_dev);
@@ -137,7 +143,11 @@ const RAID5_MORE_UPPERS: usize = 7;
 fn raid5_upper(l: &KernelLayout, s: &StackLayout, bio: u64, end: u64) -> Option<u64> {
     let private: u64 = Probe::read(bio, l.bio_bi_private);
     if end == s.raid5_align_end {
-        let upper = if s.r5_align_acct != 0 { Probe::read(private, s.md_clone_orig_bio) } else { md_unclone(l, s, private) };
+        let upper = if s.r5_align_acct != 0 {
+            Probe::read(private, s.md_clone_orig_bio)
+        } else {
+            md_unclone(l, s, private)
+        };
         return (upper != 0).then_some(upper);
     }
     let write = end == s.raid5_write_end;

@@ -19,8 +19,8 @@ use crate::{
     kernel::btf::{Btf, VMLINUX},
     kernel::cgroup_series,
     kernel::hooks::{
-        HOOKS, Hook, HookStatus, KPROBES, RQ_QOS, RQ_QOS_CALLBACKS, THROTTLE, kallsyms_addresses, kprobes_available,
-        rq_qos_unavailable, throttle_unavailable,
+        HOOKS, Hook, HookStatus, KPROBES, RQ_QOS, RQ_QOS_CALLBACKS, THROTTLE, kallsyms_addresses,
+        kprobes_available, rq_qos_unavailable, throttle_unavailable,
     },
     kernel::layout,
     kernel::series,
@@ -226,7 +226,10 @@ fn throttle_check(unavailable: Option<String>, attached: Option<&[HookStatus]>) 
 /// The Q2G split (config `rq_qos`, off by default): whether this kernel allows it, and whether
 /// `/proc/kallsyms` names the callbacks that tell wbt's waits from io.latency's (None: it
 /// hides their addresses).
-fn rq_qos_check((unavailable, partial): (Option<String>, Option<String>), callbacks: Option<[u64; 2]>) -> Check {
+fn rq_qos_check(
+    (unavailable, partial): (Option<String>, Option<String>),
+    callbacks: Option<[u64; 2]>,
+) -> Check {
     const NAME: &str = "rq_qos";
     const POLICIES: [&str; 2] = ["wbt (CONFIG_BLK_WBT)", "io.latency (CONFIG_BLK_CGROUP_IOLATENCY)"];
     if let Some(why) = unavailable {
@@ -1278,16 +1281,25 @@ garbage
 
     #[test]
     fn the_rq_qos_check_says_whether_q2g_splits_and_what_it_names() {
-        let c = rq_qos_check((Some("Q2G's split (...) is unavailable: no kprobe PMU".into()), None), Some([1, 2]));
+        let c = rq_qos_check(
+            (Some("Q2G's split (...) is unavailable: no kprobe PMU".into()), None),
+            Some([1, 2]),
+        );
         assert_eq!((c.name.as_str(), c.status), ("rq_qos", Status::Warn));
         assert!(c.detail.ends_with("no kprobe PMU") && c.advice.unwrap().contains("CONFIG_KPROBES"));
         let c = rq_qos_check((None, None), Some([1, 2]));
         assert_eq!(c.status, Status::Ok);
         assert!(c.detail.starts_with("rq_qos_wait and ioc_rqos_throttle in BTF") && !c.detail.contains(';'));
         let c = rq_qos_check((None, Some("no ioc_rqos_throttle".into())), None);
-        assert!(c.detail.contains("named rq_qos") && c.detail.ends_with("; no ioc_rqos_throttle"), "{}", c.detail);
+        assert!(
+            c.detail.contains("named rq_qos") && c.detail.ends_with("; no ioc_rqos_throttle"),
+            "{}",
+            c.detail
+        );
         let c = rq_qos_check((None, None), Some([1, 0]));
-        assert!(c.detail.ends_with("no iolat_acquire_inflight: this kernel has no io.latency (CONFIG_BLK_CGROUP_IOLATENCY)"));
+        assert!(c.detail.ends_with(
+            "no iolat_acquire_inflight: this kernel has no io.latency (CONFIG_BLK_CGROUP_IOLATENCY)"
+        ));
     }
 
     #[test]
