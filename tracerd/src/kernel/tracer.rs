@@ -534,12 +534,19 @@ impl Tracer {
     /// Returns (bios, requests) removed.
     pub fn sweep_stale(&mut self, max_age: Duration) -> Result<(u64, u64)> {
         let cutoff = monotonic_ns().saturating_sub(max_age.as_nanos() as u64);
-        let stale_bios = sweep(&mut self.ebpf, names::BIOS, &self.bio_slots, |s| s.queued_ns < cutoff)?;
+        let stale_bios = sweep(&mut self.ebpf, names::BIOS, &self.bio_slots, |s| bio_last_seen(s) < cutoff)?;
         let stale_requests = sweep(&mut self.ebpf, names::REQUESTS, &self.request_slots, |s| {
             s.record.ts.iter().copied().max().unwrap_or(0) < cutoff
         })?;
         Ok((stale_bios, stale_requests))
     }
+}
+
+/// When a bio in flight last showed progress: its Q, its G, or for a bio blk-throttle holds
+/// (claimed at H, `queued_ns` still 0) its H. Its age is counted from there: a held bio is
+/// waiting, not lost.
+fn bio_last_seen(s: &BioState) -> u64 {
+    s.queued_ns.max(s.held_ns).max(s.getrq_ns)
 }
 
 /// What the kernel counts for each of tracerd's programs.
@@ -634,5 +641,22 @@ fn permission_advice(e: anyhow::Error) -> anyhow::Error {
         )
     } else {
         e.context("cannot load tracerd's kernel programs")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bio_held_by_blk_throttle_is_as_old_as_its_hold_not_stale() {
+        // Claimed at H, not queued yet: as old as its H.
+        let held = BioState { held_ns: 5_000, ..Default::default() };
+        assert_eq!(bio_last_seen(&held), 5_000);
+        // Queued after its hold, then given a request: its G.
+        let queued = BioState { held_ns: 5_000, queued_ns: 7_000, getrq_ns: 7_500, ..Default::default() };
+        assert_eq!(bio_last_seen(&queued), 7_500);
+        // Nothing at all: as old as it gets.
+        assert_eq!(bio_last_seen(&BioState::default()), 0);
     }
 }
