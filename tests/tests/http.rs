@@ -159,3 +159,29 @@ fn tls_and_basic_auth_with_curl() {
     assert!(!status.success() && err.contains("http.tls_cert_file"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn version_and_build_info_name_the_commit_and_the_ebpf_object_loaded() {
+    require_root();
+    let (status, out, err) = tracerd_output(&["--version"]);
+    assert!(status.success(), "{err}");
+    // "tracerd 0.1.0 (commit 0123456789ab, eBPF object sha256:<64 hex>)"
+    let line = out.trim();
+    let (commit, sha) = line
+        .strip_prefix(&format!("tracerd {} (commit ", env!("CARGO_PKG_VERSION")))
+        .and_then(|rest| rest.strip_suffix(')'))
+        .and_then(|rest| rest.split_once(", eBPF object sha256:"))
+        .unwrap_or_else(|| panic!("unexpected --version: {line}"));
+    assert!(sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit()), "{line}");
+    // The object embedded is the one built: its hash, computed here by coreutils.
+    let object = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tracer-ebpf/target/bpfel-unknown-none/release/tracer-ebpf");
+    let sum = Command::new("sha256sum").arg(&object).output().expect("sha256sum");
+    let sum = String::from_utf8_lossy(&sum.stdout);
+    assert_eq!(Some(sha), sum.split_whitespace().next(), "{line} against {}", object.display());
+    assert!(!commit.is_empty() && commit != "unknown", "a build from git knows its commit: {line}");
+    let agent = Tracerd::run(&[]);
+    let m = agent.metrics();
+    let info = [("version", env!("CARGO_PKG_VERSION")), ("commit", commit), ("ebpf_sha256", sha)];
+    assert_eq!(m.sum("tracerd_build_info", &info), 1.0, "{m:?}");
+}

@@ -12,7 +12,7 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9560";
 #[derive(Debug, Parser)]
 #[command(
     name = "tracerd",
-    version,
+    version = crate::build_info::VERSION_LINE,
     about = "eBPF block-layer latency tracer: times every IO through Q, G, I, D, C per device",
     long_about = None,
     after_help = "Examples:\n  sudo tracerd run                      # agent: /metrics on 127.0.0.1:9560\n  sudo tracerd report --duration 10     # btt-style tables for every device\n  sudo tracerd report --hist d2c        # ... with a log2 histogram of D2C\n  sudo tracerd snoop --device nvme0n1   # one line per IO\n  tracerd diff before.json after.json   # compare two saved captures\n  sudo tracerd doctor                   # what works on this kernel, and why"
@@ -217,6 +217,22 @@ pub enum Command {
         /// The agent's config file, read for its api.socket.
         #[arg(long, value_name = "PATH")]
         config: Option<PathBuf>,
+    },
+    /// Print a shell completion script for bash, zsh or fish (also elvish and powershell).
+    #[command(
+        after_help = "Examples:\n  tracerd completions bash > /usr/share/bash-completion/completions/tracerd\n  tracerd completions zsh > /usr/local/share/zsh/site-functions/_tracerd\n  tracerd completions fish > ~/.config/fish/completions/tracerd.fish"
+    )]
+    Completions {
+        /// The shell to complete tracerd's subcommands and flags in.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages into DIR: tracerd.1, and tracerd-SUBCOMMAND.1 for each subcommand.
+    #[command(after_help = "Example:\n  tracerd manpages /usr/local/share/man/man1 && man tracerd-report")]
+    Manpages {
+        /// The directory to write them into (created if missing).
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
     },
 }
 

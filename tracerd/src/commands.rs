@@ -1,9 +1,10 @@
 //! The commands: the agent (`run`), `report` and its captures and histogram view, `snoop`,
-//! `diff`, `doctor`, `top`.
+//! `diff`, `doctor`, `top`; shell completions and man pages (`generate`).
 
 pub mod capture;
 pub mod diff;
 pub mod doctor;
+pub mod generate;
 pub mod histogram_view;
 pub mod report;
 pub mod run;

@@ -7,6 +7,7 @@ use tracerd::{
     cli::{By, Cli, ColorWhen, Command, TraceArgs},
     commands::diff,
     commands::doctor,
+    commands::generate,
     commands::report,
     commands::run,
     commands::snoop,
@@ -135,6 +136,13 @@ async fn dispatch(command: Command, color: ColorWhen) -> Result<()> {
                 _ => anyhow::bail!("diff takes two captures (A B), or --since SPAN --ago SPAN"),
             };
             diff::diff(&a, &b, &agent_socket(socket, config.as_deref())?, json, style)
+        }
+        Command::Completions { shell } => generate::completions(shell, &mut std::io::stdout().lock()),
+        Command::Manpages { dir } => {
+            for file in generate::manpages(&dir)? {
+                println!("{}", dir.join(file).display());
+            }
+            Ok(())
         }
         Command::Doctor { json, no_load, socket, config } => {
             // A FAIL is a finding, already printed: exit 1 without an error line.

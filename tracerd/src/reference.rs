@@ -50,14 +50,15 @@ pub fn cli_markdown() -> String {
             out.push('\n');
         }
         // Global options are the root's; help and version are clap's own.
-        let own = sub
+        let own: Vec<&Arg> = sub
             .get_arguments()
             .filter(|a| !a.is_positional() && !a.is_global_set() && !a.is_hide_set())
-            .filter(|a| {
-                !matches!(a.get_action(), ArgAction::Help | ArgAction::HelpLong | ArgAction::Version)
-            });
-        out.push_str("Options:\n\n");
-        options_table(&mut out, own);
+            .filter(|a| !matches!(a.get_action(), ArgAction::Help | ArgAction::HelpLong | ArgAction::Version))
+            .collect();
+        if !own.is_empty() {
+            out.push_str("Options:\n\n");
+            options_table(&mut out, own.into_iter());
+        }
         if let Some(examples) = sub.get_after_help() {
             let _ = writeln!(out, "\n```\n{}\n```", examples.to_string().trim_end());
         }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tracer_common::{agg, own};
 
 use crate::{
+    build_info,
     kernel::hooks::HookStatus,
     kernel::tracer::ProgramTotals,
     model::aggregate::{Aggregator, HIGHEST_NS, QD_BUCKETS, QueueDepths, StageHist, bucket_middle},
@@ -547,8 +548,21 @@ pub fn families(state: &State, format: Format) -> Vec<Family> {
             p.start_time_seconds,
         );
     }
-    let mut f = family("tracerd_build_info", Kind::Gauge, "tracerd version and the kernel it runs on.");
-    number(&mut f, labels([("version", env!("CARGO_PKG_VERSION")), ("kernel", &state.kernel)]), 1.0);
+    let mut f = family(
+        "tracerd_build_info",
+        Kind::Gauge,
+        "tracerd version, commit and eBPF object, and the kernel it runs on.",
+    );
+    number(
+        &mut f,
+        labels([
+            ("version", build_info::VERSION),
+            ("commit", build_info::COMMIT),
+            ("ebpf_sha256", build_info::EBPF_SHA256),
+            ("kernel", &state.kernel),
+        ]),
+        1.0,
+    );
     out.push(f);
     out
 }
