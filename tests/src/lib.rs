@@ -7,7 +7,7 @@ use std::{
     fs,
     io::{Read, Write},
     net::{TcpListener, TcpStream},
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
     sync::atomic::{AtomicU32, Ordering},
     time::{Duration, Instant},
@@ -267,9 +267,7 @@ impl Tracerd {
     /// Starts `WRAPPER... tracerd ARGS` (a wrapper that execs it, such as setpriv), waiting
     /// until it has attached its programs.
     pub fn spawn_under(wrapper: &[&str], args: &[&str]) -> Tracerd {
-        let stdout = std::env::temp_dir().join(unique("tracerd-stdout"));
-        let stderr = std::env::temp_dir().join(unique("tracerd-stderr"));
-        let mut cmd = match wrapper.split_first() {
+        let cmd = match wrapper.split_first() {
             Some((program, rest)) => {
                 let mut c = Command::new(program);
                 c.args(rest).arg(tracerd_bin());
@@ -277,6 +275,25 @@ impl Tracerd {
             }
             None => Command::new(tracerd_bin()),
         };
+        Tracerd::spawn_command(cmd, args)
+    }
+
+    /// `BINARY run` on a free loopback port, serving /metrics: a tracerd other than the one
+    /// built here (the one a package installed).
+    pub fn run_binary(binary: &Path, extra: &[&str]) -> Tracerd {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let mut args = vec!["run", "--listen", &addr];
+        args.extend_from_slice(extra);
+        let mut t = Tracerd::spawn_command(Command::new(binary), &args);
+        let healthy = eventually(|| http_get(&addr, "/healthz").map(|(s, _)| s) == Some(200));
+        assert!(healthy, "{} never answered /healthz:\n{}", binary.display(), t.stderr_text());
+        t.addr = Some(addr);
+        t
+    }
+
+    fn spawn_command(mut cmd: Command, args: &[&str]) -> Tracerd {
+        let stdout = std::env::temp_dir().join(unique("tracerd-stdout"));
+        let stderr = std::env::temp_dir().join(unique("tracerd-stderr"));
         let (args, socket) = with_own_socket(args);
         let child = cmd
             .args(&args)
@@ -284,7 +301,7 @@ impl Tracerd {
             .stdout(fs::File::create(&stdout).unwrap())
             .stderr(fs::File::create(&stderr).unwrap())
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", tracerd_bin().display()));
+            .unwrap_or_else(|e| panic!("cannot start {:?}: {e}", cmd.get_program()));
         let mut t = Tracerd { child, stdout, stderr, addr: None, socket };
         // The session's line, logged once every hook is attached and the devices are set; a
         // view that found an agent says so instead.

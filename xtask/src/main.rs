@@ -7,12 +7,14 @@
 //! - `test`        build, then unit tests and the real-kernel integration tests (`--stress`: with
 //!   every core kept busy)
 //! - `docs`        write the generated reference pages (`docs/reference/cli.md`)
+//! - `dist`        the static binary and the Debian package, in `target/dist/`
 //! - `vm-test`     build static binaries, boot Debian kernels (6.1, 6.12, 6.12-rt) under qemu with
 //!   md/dm/brd/null_blk
 
 mod bench;
 mod bench_stacks;
 mod cpio;
+mod dist;
 mod docs;
 mod setup;
 mod stress;
@@ -85,6 +87,9 @@ enum Cmd {
     },
     /// Write the reference pages generated from the code (docs/reference/cli.md, from clap).
     Docs,
+    /// Build what a host installs, into target/dist/: the static binary (and its .sha256) and
+    /// the Debian package.
+    Dist,
     /// Boot Debian kernels under qemu (md, dm, brd, null_blk, kprobes) and run tracerd there.
     VmTest {
         /// Which kernels: 6.1, 6.12, 6.12-rt, 6.12-cloud (comma-separated), or all (every one
@@ -131,6 +136,7 @@ fn real_main() -> Result<()> {
             bench::bench(bench::Options { seconds, rounds, soak_seconds, soak_only })
         }
         Cmd::Docs => docs::write(),
+        Cmd::Dist => dist::dist(),
         Cmd::VmTest { kernel, scenario: Some(name) } => {
             ensure!(
                 vm_scenarios::NAMES.contains(&name.as_str()),
@@ -189,7 +195,7 @@ pub fn cargo(toolchain: Option<&str>) -> Command {
     cmd
 }
 
-fn build_ebpf() -> Result<()> {
+pub(crate) fn build_ebpf() -> Result<()> {
     let mut cmd = cargo(Some("nightly"));
     cmd.current_dir(root_dir().join("tracer-ebpf")).args(["build", "--release"]);
     run(&mut cmd, "building the eBPF object (cargo +nightly build in tracer-ebpf)")
@@ -338,6 +344,8 @@ fn integration_tests(tally: &mut Tally) -> Result<()> {
              run `sudo cargo xtask test` (or `cargo xtask test --unit-only` for the unit tests alone)"
         );
     }
+    // What a fleet installs: the package and the image are tested as built.
+    dist::dist()?;
     let mut cmd = cargo(None);
     cmd.args([
         "test",
@@ -345,6 +353,8 @@ fn integration_tests(tally: &mut Tally) -> Result<()> {
         "-p",
         "tracerd-tests",
         "--lib",
+        "--test",
+        "dist",
         "--test",
         "host_kernel",
         "--test",

@@ -12,8 +12,21 @@ const LLVM: &str = "/usr/lib/llvm-22";
 /// What bpf-linker needs to build against Debian's LLVM 22.
 const LINKER_BUILD_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev", "zlib1g-dev"];
 /// What the integration tests drive IO and check with.
-const TEST_PACKAGES: &[&str] =
-    &["fio", "util-linux", "fdisk", "cpio", "prometheus", "systemd", "curl", "openssl", "tmux"];
+/// (podman and runc run the image, man-db renders the package's man pages.)
+const TEST_PACKAGES: &[&str] = &[
+    "fio",
+    "util-linux",
+    "fdisk",
+    "cpio",
+    "prometheus",
+    "systemd",
+    "curl",
+    "openssl",
+    "tmux",
+    "podman",
+    "runc",
+    "man-db",
+];
 
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.

@@ -228,6 +228,12 @@ pub struct VmKernel {
 /// Installs qemu, busybox-static, mdadm, dmsetup, xz, zstd and the musl Rust target where missing.
 pub fn ensure_vm_packages() -> Result<()> {
     setup::apt_install(VM_PACKAGES, "the VM tests (cargo xtask vm-test)")?;
+    ensure_musl_target()
+}
+
+/// The musl Rust target and musl-gcc (for ring's C), where missing: static binaries.
+pub fn ensure_musl_target() -> Result<()> {
+    setup::apt_install(&["musl-tools"], "static binaries (musl)")?;
     let installed = setup::output("rustup", &["target", "list", "--installed"])
         .context("rustup is needed to add the musl target: install it from https://rustup.rs")?;
     if !installed.lines().any(|l| l.trim() == MUSL) {
@@ -1123,11 +1129,12 @@ pub fn build_guest_binaries() -> Result<GuestBinaries> {
         setup::ensure(false)?;
         crate::build_ebpf()
     })?;
-    let bins =
-        step("build static binaries", || build_static(&["tracerd", "tracerd-tests"], &["tracerd", "iogen"]))?;
+    // The guest runs the binary `cargo xtask dist` ships.
+    let tracerd = step("build the static binary (dist)", crate::dist::static_binary)?;
+    let iogen = step("build iogen", || build_static(&["tracerd-tests"], &["iogen"]))?.remove(0);
     Ok(GuestBinaries {
-        tracerd: bins[0].clone(),
-        iogen: bins[1].clone(),
+        tracerd,
+        iogen,
         host_tests: step("build the host-kernel tests", || {
             build_static_test("tracerd-tests", "host_kernel")
         })?,
