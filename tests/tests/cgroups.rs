@@ -328,14 +328,23 @@ fn per_cgroup_series_are_counted_in_the_kernel_and_equal_the_records() {
     let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("aggregation check: ")).collect();
     assert!(lines.iter().all(|l| l.contains(" cgroup ")), "{out}");
     let task = |c: &Cgroup| if c.from == "task" { " (task)" } else { "" };
-    for (c, op, want) in [(&a, "read", 400), (&b, "write", 300)] {
+    // Every IO of the second runs went through the kernel's series (given before they began),
+    // and so may the first runs' IOs after their first record gave the series: how many of
+    // those did depends on how fast the daemon read it (under load, some did).
+    for (c, op, second, all) in [(&a, "read", 400, 500), (&b, "write", 300, 400)] {
         let id = std::os::unix::fs::MetadataExt::ino(&fs::metadata(&c.dir).unwrap());
-        let line = format!(
-            "aggregation check: {} {op} cgroup {id}{}: {want} requests, kernel and records agree",
-            dev.name,
-            task(c)
+        let head = format!("aggregation check: {} {op} cgroup {id}{}: ", dev.name, task(c));
+        let line =
+            lines.iter().find(|l| l.starts_with(&head)).unwrap_or_else(|| panic!("no '{head}' in:\n{out}"));
+        let n: u64 = line[head.len()..]
+            .strip_suffix(" requests, kernel and records agree")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("'{line}' is not agreement"));
+        assert!(
+            (second..all).contains(&n),
+            "{n} {op}s counted in the kernel under {}, not {second} to {all}: {out}",
+            c.path
         );
-        assert!(lines.contains(&line.as_str()), "no '{line}' in:\n{out}");
     }
 }
 
@@ -557,13 +566,16 @@ fn top_shows_a_row_per_cgroup_on_c() {
 }
 
 /// H2Q: blk-throttle (v2 `io.max`, v1 `blkio.throttle.*`) holds a bio before its Q. Reads of a
-/// cgroup limited to `LIMIT` per second wait in H2Q; Q2C leaves the hold out; H2Q plus Q2C is
-/// what the reader measured; a cgroup without limits beside it has no H2Q. Where the kernel
+/// cgroup limited to `LIMIT` per second wait in H2Q; Q2C leaves the hold out; what the reader
+/// measured outside H2Q and Q2C is no more than a cgroup without limits beside it spends
+/// outside Q2C, and that cgroup has no H2Q. Where the kernel
 /// cannot hook blk-throttle (no kprobes), doctor says so and no H2Q is reported.
 #[test]
 fn reads_held_by_blk_throttle_wait_in_h2q_and_q2c_leaves_the_hold_out() {
-    const LIMIT: u64 = 50;
-    const READS: u64 = 100;
+    // A hold of 1/LIMIT s a read, several times what a loaded qemu guest spends on one read
+    // outside the block layer (up to 8 ms), so that a hold left out of H2Q shows.
+    const LIMIT: u64 = 20;
+    const READS: u64 = 60;
     require_root();
     let l = layout();
     let (_, doctor, _) = tracerd_tests::tracerd_output(&["doctor", "--json"]);
@@ -606,7 +618,7 @@ fn reads_held_by_blk_throttle_wait_in_h2q_and_q2c_leaves_the_hold_out() {
     let stats = fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").unwrap_or_default();
     let _ = fs::write("/proc/sys/kernel/bpf_stats_enabled", "1");
     let runs_before = tracerd_tests::kprobe_runs_of(agent.pid());
-    reads(&free);
+    let measured_free = reads(&free);
     let runs_free = tracerd_tests::kprobe_runs_of(agent.pid()) - runs_before;
     let measured = reads(&held);
     let runs_held = tracerd_tests::kprobe_runs_of(agent.pid()) - runs_before - runs_free;
@@ -681,18 +693,26 @@ fn reads_held_by_blk_throttle_wait_in_h2q_and_q2c_leaves_the_hold_out() {
         println!("the agent's window:\n{window}{err}\nthe agent's losses: {lost:?}");
     }
     assert_eq!(h2q.0, READS as f64, "every read of the limited cgroup went through blk-throttle");
-    assert!(h2q.1 >= expected, "H2Q {} s, expected at least {expected} s", h2q.1);
-    // Were the hold in Q2C, Q2C would exceed H2Q. (Q2C's own share depends on the machine:
-    // under qemu's emulation a loop read took up to 3.3 ms.)
+    // Were the hold in Q2C, Q2C would exceed H2Q.
     assert!(q2c.1 < h2q.1, "Q2C {} s must leave the hold ({} s) out", q2c.1, h2q.1);
-    // The reader's time holds the block layer's and its own system-call path besides (before H,
-    // after C): a few percent, more under qemu's emulation (TCG: 1-1.5 ms a read, 3-8 %) than
-    // on hardware.
+    // The reader's time holds, besides the stages, its system-call path before H (or Q) and
+    // after C. That path is the same for both cgroups' reads, and its length depends on the
+    // machine's load (under qemu's emulation 1-8 ms a read), so the held reads' time outside
+    // H2Q and Q2C is compared with the free reads' time outside Q2C: had H2Q missed part of
+    // the hold, that part would be outside, and the hold is `expected` at least.
     let traced = h2q.1 + q2c.1;
-    println!("H2Q + Q2C = {traced:.3} s: {:.1} % of the reader's {measured:.3} s", 100.0 * traced / measured);
+    let outside_held = measured - traced;
+    let outside_free = measured_free - stage(&m, &free, "q2c").1;
+    println!(
+        "H2Q + Q2C = {traced:.3} s of the reader's {measured:.3} s; outside the stages: held reads \
+         {outside_held:.3} s, free reads {outside_free:.3} s"
+    );
+    assert!(traced <= measured * 1.001, "H2Q + Q2C = {traced:.3} s, the reader measured {measured:.3} s");
     assert!(
-        traced <= measured * 1.001 && traced >= 0.85 * measured,
-        "H2Q + Q2C = {traced:.3} s, the reader measured {measured:.3} s"
+        outside_held <= outside_free + expected / 2.0,
+        "the held reads spent {outside_held:.3} s outside H2Q and Q2C, the free ones {outside_free:.3} s \
+         outside Q2C: H2Q ({:.3} s) missed part of a hold of at least {expected:.3} s",
+        h2q.1
     );
     for l in of_held {
         // The submitter, not blk-throttle's worker that queued the held bio.
