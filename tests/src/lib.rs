@@ -235,12 +235,19 @@ pub struct Tracerd {
     pub addr: Option<String>,
     /// The agent's API socket (`run`), or the one a view looked for an agent on.
     pub socket: Option<PathBuf>,
+    /// The agent's recorder store when the test gave it one of its own (removed on drop).
+    pub store: Option<PathBuf>,
 }
 
 /// The args with a socket of this test's own when they name none: tests run in parallel, and
-/// each agent must serve its own socket, each view find only the agent it was given.
+/// each agent must serve its own socket, each view find only the agent it was given. An agent
+/// (`run`) also gets a recorder store of its own (see `own_store`).
 pub fn with_own_socket(args: &[&str]) -> (Vec<String>, Option<PathBuf>) {
     let mut out: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    if let Some(store) = own_store(args) {
+        out.push("--store".into());
+        out.push(store.display().to_string());
+    }
     let takes_socket = args.first().is_some_and(|c| ["run", "report", "snoop"].contains(c));
     if let Some(at) = args.iter().position(|a| *a == "--socket") {
         return (out, args.get(at + 1).map(PathBuf::from));
@@ -252,6 +259,20 @@ pub fn with_own_socket(args: &[&str]) -> (Vec<String>, Option<PathBuf>) {
     out.push("--socket".into());
     out.push(socket.display().to_string());
     (out, Some(socket))
+}
+
+/// A store directory of the test's own for `run` unless the args name one (`--store`,
+/// `--no-store`, or a config file, whose `[store]` the test then sets): agents of tests that
+/// run in parallel must not share the default one, nor leave history in it.
+pub fn own_store(args: &[&str]) -> Option<PathBuf> {
+    let names_one = args.iter().any(|a| ["--store", "--no-store"].contains(a));
+    let config_names_one = args
+        .iter()
+        .position(|a| *a == "--config")
+        .and_then(|at| fs::read_to_string(args.get(at + 1)?).ok())
+        .is_some_and(|text| text.lines().any(|l| l.trim() == "[store]"));
+    (args.first() == Some(&"run") && !names_one && !config_names_one)
+        .then(|| std::env::temp_dir().join(unique("tracerd-store")))
 }
 
 pub fn free_port() -> u16 {
@@ -295,6 +316,8 @@ impl Tracerd {
         let stdout = std::env::temp_dir().join(unique("tracerd-stdout"));
         let stderr = std::env::temp_dir().join(unique("tracerd-stderr"));
         let (args, socket) = with_own_socket(args);
+        let store = args.iter().position(|a| a == "--store").map(|at| PathBuf::from(&args[at + 1]));
+        let store = store.filter(|s| s.starts_with(std::env::temp_dir()) && own_store_name(s));
         let child = cmd
             .args(&args)
             .stdin(Stdio::null())
@@ -302,7 +325,7 @@ impl Tracerd {
             .stderr(fs::File::create(&stderr).unwrap())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {:?}: {e}", cmd.get_program()));
-        let mut t = Tracerd { child, stdout, stderr, addr: None, socket };
+        let mut t = Tracerd { child, stdout, stderr, addr: None, socket, store };
         // The session's line, logged once every hook is attached and the devices are set; a
         // view that found an agent says so instead.
         t.wait_for_stderr(&["hooks; tracing", "reading from the running agent"]);
@@ -389,13 +412,27 @@ impl Drop for Tracerd {
         let _ = self.child.wait();
         let _ = fs::remove_file(&self.stdout);
         let _ = fs::remove_file(&self.stderr);
+        if let Some(store) = &self.store {
+            let _ = fs::remove_dir_all(store);
+        }
     }
+}
+
+/// Whether a store path is one `own_store` made.
+fn own_store_name(path: &Path) -> bool {
+    path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("tracerd-store"))
 }
 
 /// Runs tracerd to completion (for error cases): (exit status, stdout, stderr).
 pub fn tracerd_output(args: &[&str]) -> (ExitStatus, String, String) {
     let (args, _) = with_own_socket(args);
     let out = Command::new(tracerd_bin()).args(&args).stdin(Stdio::null()).output().expect("spawn tracerd");
+    if let Some(at) = args.iter().position(|a| a == "--store") {
+        let store = Path::new(&args[at + 1]);
+        if own_store_name(store) {
+            let _ = fs::remove_dir_all(store);
+        }
+    }
     (out.status, String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
 }
 

@@ -177,6 +177,9 @@ fn the_image_traces_the_hosts_disks_with_the_daemonsets_privileges() {
     let dev = LoopDevice::new(16);
     let port = free_port();
     let publish = format!("127.0.0.1:{port}:9560");
+    // The recorder's store on a host directory, as the DaemonSet's hostPath keeps it.
+    let state = TempDir::new();
+    let state_volume = format!("{}:/var/lib/tracerd", state.0.display());
     sh(
         "podman",
         &[
@@ -193,6 +196,8 @@ fn the_image_traces_the_hosts_disks_with_the_daemonsets_privileges() {
             "--read-only",
             "-v",
             "/sys:/sys:ro",
+            "-v",
+            &state_volume,
             "--security-opt",
             "seccomp=unconfined",
             "--ulimit",
@@ -225,6 +230,15 @@ fn the_image_traces_the_hosts_disks_with_the_daemonsets_privileges() {
     assert_eq!(caps.trim(), expected, "the container's capabilities");
     let counted = reads_counted(scrape, &dev, 300);
     assert_eq!(counted, 300.0, "the container counted {counted} of 300 reads on {}:\n{}", dev.name, logs());
+    // Its history is on the host, where the next container (or `report --store`) reads it.
+    let segments = || {
+        fs::read_dir(state.0.join("recorder"))
+            .map(|d| {
+                d.filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().ends_with(".tdr")).count()
+            })
+            .unwrap_or(0)
+    };
+    assert!(eventually(|| segments() > 0), "no store segment under {}:\n{}", state.0.display(), logs());
 }
 
 const CAP_SYS_RESOURCE: u32 = 24;

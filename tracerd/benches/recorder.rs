@@ -57,7 +57,7 @@ fn main() {
     }
     let (first, last) = recorder.span().expect("frames");
     let bytes = recorder.bytes();
-    let timed = |span_ms: u64| {
+    let mut timed = |span_ms: u64| {
         let t = Instant::now();
         let (agg, _) = recorder.window(last - span_ms, last).aggregate().expect("frames decode");
         let requests: u64 = agg.series.values().map(|s| s.requests).sum();

@@ -76,6 +76,13 @@ pub enum Command {
         /// (both, compared series by series on exit; exit status 1 if they differ).
         #[arg(long, value_enum, default_value_t = Aggregation::Kernel)]
         aggregation: Aggregation,
+        /// The recorder's store: keep its frames in this directory across restarts [default:
+        /// /var/lib/tracerd/recorder, or the config's store.path].
+        #[arg(long, value_name = "DIR", conflicts_with = "no_store")]
+        store: Option<PathBuf>,
+        /// Keep the recorder's history in memory only (it ends with the agent).
+        #[arg(long)]
+        no_store: bool,
         #[command(flatten)]
         trace: TraceArgs,
     },
@@ -109,6 +116,11 @@ pub enum Command {
         /// is asked instead, so that the kernel runs one copy of them).
         #[arg(long, conflicts_with_all = ["since", "from"])]
         standalone: bool,
+        /// Read a recorder store instead of an agent: the directory the agent keeps it in
+        /// (store.path), or a copy of it from another host; no root and no agent needed. The
+        /// window is --since/--from/--to, or all the store holds.
+        #[arg(long, value_name = "DIR", conflicts_with_all = ["standalone", "interval"])]
+        store: Option<PathBuf>,
         /// Print JSON (schema: docs/reference/json.md) instead of tables.
         #[arg(long)]
         json: bool,

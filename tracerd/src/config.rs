@@ -14,6 +14,7 @@ use crate::{
     model::cgroups::CgroupLimits,
     model::recorder::RecorderLimits,
     serve::api,
+    store::StoreLimits,
 };
 
 /// The file as written: every key optional.
@@ -38,6 +39,8 @@ pub struct File {
     #[serde(default)]
     pub recorder: RecorderSection,
     #[serde(default)]
+    pub store: StoreSection,
+    #[serde(default)]
     pub api: ApiSection,
     #[serde(default)]
     pub cgroups: CgroupsSection,
@@ -59,6 +62,15 @@ pub struct RecorderSection {
     pub resolution_s: Option<u64>,
     pub retention_s: Option<u64>,
     pub max_bytes: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreSection {
+    pub path: Option<std::path::PathBuf>,
+    pub retention_s: Option<u64>,
+    pub max_bytes: Option<u64>,
+    pub sync_every_s: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -116,6 +128,9 @@ pub struct Flags {
     pub devices: Vec<String>,
     pub exclude: Vec<String>,
     pub socket: Option<std::path::PathBuf>,
+    /// `--store DIR` / `--no-store` (the agent's).
+    pub store: Option<std::path::PathBuf>,
+    pub no_store: bool,
 }
 
 /// Every setting, resolved.
@@ -141,6 +156,8 @@ pub struct Config {
     pub stale_after: Duration,
     /// The agent's flight recorder.
     pub recorder: RecorderLimits,
+    /// The recorder's store on disk; None keeps history in memory only.
+    pub store: Option<StoreLimits>,
     /// The agent's API socket (served by `run`, used by the views).
     pub socket: std::path::PathBuf,
     /// Also serve the API read-only on the HTTP listener (`/api/v1/...`).
@@ -174,6 +191,7 @@ impl Default for Config {
             http: HttpSecurity::default(),
             stale_after: Duration::from_secs(120),
             recorder: RecorderLimits::default(),
+            store: Some(StoreLimits::new(StoreLimits::DEFAULT_DIR.into())),
             socket: api::DEFAULT_SOCKET.into(),
             api_http: false,
             cgroups: CgroupLimits::default(),
@@ -321,6 +339,7 @@ pub fn resolve(file: File, flags: Flags) -> Result<Config> {
     if recorder.max_bytes < 1 << 20 {
         bail!("recorder.max_bytes = {}: must be at least 1048576 (1 MiB)", recorder.max_bytes);
     }
+    let store = resolve_store(file.store, flags.store, flags.no_store, &recorder)?;
     let flags_socket = flags.socket.is_some();
     let socket = match (flags.socket, file.api.socket) {
         (Some(p), _) | (None, Some(p)) => p,
@@ -369,10 +388,57 @@ pub fn resolve(file: File, flags: Flags) -> Result<Config> {
         http,
         stale_after,
         recorder,
+        store,
         socket,
         api_http: file.api.http.unwrap_or(d.api_http),
         cgroups,
     })
+}
+
+/// `[store]` with `--store`/`--no-store` over it: an empty path turns the store off.
+fn resolve_store(
+    s: StoreSection,
+    flag: Option<std::path::PathBuf>,
+    no_store: bool,
+    recorder: &RecorderLimits,
+) -> Result<Option<StoreLimits>> {
+    let from_flag = flag.is_some();
+    let dir = match (flag, s.path) {
+        _ if no_store => return Ok(None),
+        (Some(p), _) | (None, Some(p)) => p,
+        (None, None) => StoreLimits::DEFAULT_DIR.into(),
+    };
+    if dir.as_os_str().is_empty() {
+        return Ok(None);
+    }
+    if !dir.is_absolute() {
+        let source = if from_flag { "--store" } else { "store.path =" };
+        bail!(
+            "{source} \"{}\": give an absolute path (or \"\" to keep history in memory only)",
+            dir.display()
+        );
+    }
+    let d = StoreLimits::new(dir);
+    let l = StoreLimits {
+        retention: s.retention_s.map_or(d.retention, Duration::from_secs),
+        max_bytes: s.max_bytes.unwrap_or(d.max_bytes),
+        sync_every: s.sync_every_s.map_or(d.sync_every, Duration::from_secs),
+        dir: d.dir,
+    };
+    if l.retention < recorder.resolution || l.retention.as_secs() > 366 * 86_400 {
+        bail!(
+            "store.retention_s = {}: must be at least recorder.resolution_s ({}) and at most 31622400 (a year)",
+            l.retention.as_secs(),
+            recorder.resolution.as_secs()
+        );
+    }
+    if l.max_bytes < 4 << 20 {
+        bail!("store.max_bytes = {}: must be at least 4194304 (4 MiB)", l.max_bytes);
+    }
+    if !(1..=600).contains(&l.sync_every.as_secs()) {
+        bail!("store.sync_every_s = {}: must be 1 to 600 (seconds)", l.sync_every.as_secs());
+    }
+    Ok(Some(l))
 }
 
 /// A ring buffer size the kernel accepts: a power of two, at least a page.
@@ -407,6 +473,38 @@ mod tests {
 
     fn err(text: &str) -> String {
         format!("{:#}", from(text).unwrap_err())
+    }
+
+    #[test]
+    fn the_store_is_on_by_default_and_flags_win_over_its_section() {
+        let c = from("").unwrap();
+        assert_eq!(c.store, Some(StoreLimits::new(StoreLimits::DEFAULT_DIR.into())));
+        assert_eq!(from("[store]\npath = \"\"").unwrap().store, None);
+        let s = from("[store]\npath = \"/srv/t\"\nretention_s = 3600\nmax_bytes = 8388608\nsync_every_s = 2")
+            .unwrap()
+            .store
+            .unwrap();
+        assert_eq!(
+            (s.dir.to_str().unwrap(), s.retention.as_secs(), s.max_bytes, s.sync_every.as_secs()),
+            ("/srv/t", 3600, 8 << 20, 2)
+        );
+        let flags = |store: Option<&str>, no_store| Flags {
+            store: store.map(Into::into),
+            no_store,
+            ..Default::default()
+        };
+        let file = || parse("[store]\npath = \"/srv/t\"").unwrap();
+        assert_eq!(
+            resolve(file(), flags(Some("/x"), false)).unwrap().store.unwrap().dir.to_str(),
+            Some("/x")
+        );
+        assert_eq!(resolve(file(), flags(None, true)).unwrap().store, None);
+        let e = format!("{:#}", resolve(file(), flags(Some("rel"), false)).unwrap_err());
+        assert!(e.contains("--store \"rel\": give an absolute path"), "{e}");
+        assert!(err("[store]\npath = \"rel\"").contains("store.path = \"rel\""));
+        assert!(err("[store]\nmax_bytes = 1000").contains("store.max_bytes = 1000"));
+        assert!(err("[store]\nsync_every_s = 0").contains("store.sync_every_s = 0"));
+        assert!(err("[store]\nretention_s = 0").contains("store.retention_s = 0"));
     }
 
     #[test]

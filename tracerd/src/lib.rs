@@ -9,5 +9,6 @@ pub mod kernel;
 pub mod model;
 pub mod reference;
 pub mod serve;
+pub mod store;
 pub mod style;
 pub mod units;

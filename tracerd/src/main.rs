@@ -39,19 +39,17 @@ fn main() {
     }
 }
 
-/// The settings of a tracing subcommand: flags over the config file over the defaults.
-fn settings(
-    trace: TraceArgs,
-    listen: Option<std::net::SocketAddr>,
-) -> Result<(Config, Selection, LoadOptions)> {
+/// The settings of a tracing subcommand: flags (the subcommand's own in `own`) over the
+/// config file over the defaults.
+fn settings(trace: TraceArgs, own: Flags) -> Result<(Config, Selection, LoadOptions)> {
     let flags = Flags {
-        listen,
         ring_buffer_bytes: trace.ring_buffer_bytes,
         attach: trace.attach,
         no_kprobes: trace.no_kprobes,
         devices: trace.devices,
         exclude: trace.exclude,
         socket: trace.socket,
+        ..own
     };
     let config = Config::load(trace.config.as_deref(), flags)?;
     aggregate::set_histogram_range(config.histogram);
@@ -82,8 +80,9 @@ async fn dispatch(command: Command, color: ColorWhen) -> Result<()> {
     // Text output is coloured only by the rule in `style` (for stdout).
     let style = Style::stdout(color);
     match command {
-        Command::Run { listen, aggregation, trace } => {
-            let (config, selection, mut opts) = settings(trace, listen)?;
+        Command::Run { listen, aggregation, store, no_store, trace } => {
+            let (config, selection, mut opts) =
+                settings(trace, Flags { listen, store, no_store, ..Flags::default() })?;
             opts.aggregation = aggregation;
             run::run(&config, selection, opts).await
         }
@@ -95,13 +94,14 @@ async fn dispatch(command: Command, color: ColorWhen) -> Result<()> {
             interval,
             count,
             standalone,
+            store,
             json,
             by,
             hist,
             save,
             trace,
         } => {
-            let (config, selection, opts) = settings(trace, None)?;
+            let (config, selection, opts) = settings(trace, Flags::default())?;
             let interval = interval.map(|secs| report::Interval { secs, count });
             // Named as the agent's metrics name them, by path where they carry no cgroup label.
             let by_cgroup = (by == Some(By::Cgroup)).then_some(match config.cgroups.label {
@@ -110,18 +110,18 @@ async fn dispatch(command: Command, color: ColorWhen) -> Result<()> {
             });
             let view = report::View { json, by_qd: by == Some(By::Qd), by_cgroup, hist, style, interval };
             let source = report::Source::from_args(since, from.as_deref(), to.as_deref(), standalone)?;
-            let attach = report::Attach { source, socket: config.socket };
+            let attach = report::Attach { source, socket: config.socket, store };
             report::report(duration, view, save.as_deref(), selection, opts, attach).await
         }
         Command::Snoop { json, duration, min_latency, pid, comm, standalone, trace } => {
-            let (config, selection, opts) = settings(trace, None)?;
+            let (config, selection, opts) = settings(trace, Flags::default())?;
             let filter =
                 tracerd::serve::api::StreamFilter { devices: vec![], min_latency_ns: min_latency, pid, comm };
             let attach = (!standalone).then_some(config.socket.as_path());
             snoop::snoop(json, duration, style, selection, opts, filter, attach).await
         }
         Command::Top { standalone, trace } => {
-            let (config, selection, opts) = settings(trace, None)?;
+            let (config, selection, opts) = settings(trace, Flags::default())?;
             let attach = (!standalone).then_some(config.socket.as_path());
             top::top(style.is_on(), selection, opts, attach).await
         }

@@ -278,6 +278,13 @@ impl Tracer {
             Variant::TracerdRun | Variant::TracerdRunRecords | Variant::TracerdRunCgroups => (
                 Command::new(tracerd_bin())
                     .args(["run", "--listen", &format!("127.0.0.1:{port}")])
+                    // The agent as deployed, with its store, in the bench's own directory (each
+                    // round starts it afresh).
+                    .args(["--store".to_owned(), {
+                        let store = dir.join("store");
+                        let _ = fs::remove_dir_all(&store);
+                        store.display().to_string()
+                    }])
                     .args(match variant {
                         Variant::TracerdRunRecords => vec!["--aggregation".into(), "records".into()],
                         Variant::TracerdRunCgroups => {

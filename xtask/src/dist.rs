@@ -53,7 +53,7 @@ fn image(binary: &Path, out: &Path, version: &str) -> Result<PathBuf> {
     for dir in [&layout, &rootfs] {
         let _ = fs::remove_dir_all(dir);
     }
-    for dir in ["usr/bin", "etc/tracerd", "run/tracerd", "tmp", "proc", "sys", "dev"] {
+    for dir in ["usr/bin", "etc/tracerd", "run/tracerd", "var/lib/tracerd", "tmp", "proc", "sys", "dev"] {
         fs::create_dir_all(rootfs.join(dir))?;
     }
     fs::copy(binary, rootfs.join("usr/bin/tracerd"))?;
@@ -290,11 +290,14 @@ exit 0
 "#;
 
 const POSTRM: &str = r#"#!/bin/sh
-# Purge also drops the operator's enablement of the unit (dpkg removes the conffile).
+# Purge also drops the operator's enablement of the unit (dpkg removes the conffile) and the
+# recorder's history.
 set -e
 if [ "$1" = purge ]; then
     rm -f /etc/systemd/system/multi-user.target.wants/tracerd.service
     rmdir --ignore-fail-on-non-empty /etc/tracerd 2>/dev/null || true
+    # The recorder's store (systemd's StateDirectory, under /var/lib/private with DynamicUser).
+    rm -rf /var/lib/tracerd /var/lib/private/tracerd
 fi
 if [ -d /run/systemd/system ]; then
     systemctl --system daemon-reload >/dev/null || true

@@ -369,6 +369,8 @@ fn integration_tests(tally: &mut Tally) -> Result<()> {
         "agent",
         "--test",
         "cgroups",
+        "--test",
+        "store",
         "--",
         "--test-threads=1",
     ])

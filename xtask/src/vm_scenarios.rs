@@ -57,7 +57,7 @@ trace_start dm_snoop snoop --json --device dm-0
 # The reports name lin0 as people do: by its dm name, and by its /dev/mapper node.
 trace_start dm_report_json report --json --duration 600 --device lin0
 trace_start dm_report_text report --duration 600 --device /dev/mapper/lin0
-trace_start dm_agent run --listen 127.0.0.1:9560 --device dm-0
+trace_start dm_agent run --listen 127.0.0.1:9560 --no-store --device dm-0
 /bin/iogen /dev/dm-0 read 300 4096 1
 /bin/iogen /dev/dm-0 write 200 4096 4
 # The agent's exposition, for the dashboard test on the host (stacked-device series), once it

@@ -336,14 +336,40 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(out, "tracerd report: {:.1} s on kernel {}", self.duration_s, self.kernel);
         if let Some(a) = &self.from_agent {
+            let origin = match (&a.socket, &a.store) {
+                (_, Some(store)) => format!("from the store {}", store.display()),
+                (Some(socket), None) => format!("from the agent on {}", socket.display()),
+                (None, None) => "from the agent".into(),
+            };
             let _ = writeln!(
                 out,
-                "from the agent on {}: {} to {} ({} frames)",
-                a.socket.display(),
+                "{origin}: {} to {} ({} frames)",
                 units::rfc3339(a.from_unix_s),
                 units::rfc3339(a.to_unix_s),
                 a.frames
             );
+            for g in &a.gaps {
+                let _ = writeln!(
+                    out,
+                    "{}",
+                    style.yellow(&format!(
+                        "gap: no agent ran from {} to {} ({:.1} s): nothing was traced then",
+                        units::rfc3339(g.from_unix_s),
+                        units::rfc3339(g.to_unix_s),
+                        g.to_unix_s - g.from_unix_s
+                    ))
+                );
+            }
+            if a.damaged_frames != 0 {
+                let _ = writeln!(
+                    out,
+                    "{}",
+                    style.yellow(&format!(
+                        "{} frames of the window are damaged on disk and left out",
+                        a.damaged_frames
+                    ))
+                );
+            }
         }
         if self.devices.is_empty() {
             let _ = writeln!(out, "\nno IO completed on the traced devices during the capture.");
@@ -782,16 +808,40 @@ impl Source {
 pub struct Attach {
     pub source: Source,
     pub socket: PathBuf,
+    /// A store to read instead of an agent (`--store`).
+    pub store: Option<PathBuf>,
 }
 
-/// Which agent and window an attached report shows.
+/// Which agent (or store) and window an attached report shows.
 #[derive(Clone, Debug, Serialize)]
 pub struct FromAgent {
-    pub socket: PathBuf,
+    /// The agent's socket; absent when read from a store (`report --store`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub socket: Option<PathBuf>,
+    /// The store read (`report --store`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store: Option<PathBuf>,
     pub from_unix_s: f64,
     pub to_unix_s: f64,
     /// Frames of the agent's recorder added up.
     pub frames: u64,
+    /// Stretches of the window with no frame because no agent ran.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gaps: Vec<api::GapAnswer>,
+    /// Frames of the window the store could not read back, left out.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub damaged_frames: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Where a window was read: the agent's socket, or a store's directory (offline).
+#[derive(Clone, Copy, Debug)]
+pub enum Origin<'a> {
+    Agent(&'a Path),
+    Store(&'a Path),
 }
 
 /// Captures for `duration` seconds (or until SIGINT), then prints the report, and with `save`
@@ -817,6 +867,13 @@ pub async fn report(
         }
     }
     let socket = attach.socket.as_path();
+    if let Some(dir) = &attach.store {
+        if view.by_qd {
+            anyhow::bail!("{BY_QD_NEEDS_RECORDS}");
+        }
+        let w = store_window(dir, attach.source, view.by_cgroup.is_some())?;
+        return window_report(w, view, save, &selection, Origin::Store(dir), false)?.print(view);
+    }
     match attach.source {
         Source::Window { from_unix_s, to_unix_s } => {
             if view.by_qd {
@@ -950,6 +1007,36 @@ pub fn window(socket: &Path, from_unix_s: f64, to_unix_s: f64, by_cgroup: bool) 
     Ok(w)
 }
 
+/// A window of a store read offline (`report --store`): the window asked, or all of it.
+/// An empty one is an error that says what the store holds.
+fn store_window(dir: &Path, source: Source, by_cgroup: bool) -> Result<api::WindowAnswer> {
+    let store = crate::store::Store::open_read_only(dir)?;
+    let Some((first, last)) = store.span() else {
+        anyhow::bail!("the store {} holds no frame", dir.display());
+    };
+    let (from, to) = match source {
+        Source::Window { from_unix_s, to_unix_s } => (from_unix_s, to_unix_s),
+        _ => (first as f64 / 1e3, last as f64 / 1e3),
+    };
+    let (kernel, host) =
+        store.newest_start().map_or_else(Default::default, |s| (s.kernel.clone(), s.host.clone()));
+    let mut recorder = crate::model::recorder::Recorder::default();
+    recorder.store = Some(store);
+    let ms = |s: f64| (s.max(0.0) * 1e3).round() as u64;
+    let window = recorder.window(ms(from), ms(to));
+    if window.frames.is_empty() {
+        anyhow::bail!(
+            "the store {} has no frame between {} and {}: it holds {} to {}",
+            dir.display(),
+            units::rfc3339(from),
+            units::rfc3339(to),
+            units::rfc3339(first as f64 / 1e3),
+            units::rfc3339(last as f64 / 1e3)
+        );
+    }
+    api::window_answer(&window, from, by_cgroup, kernel, host).map_err(|e| anyhow::anyhow!(e))
+}
+
 /// `report --duration` beside a running agent: waits as long, then asks its recorder for the
 /// frames of that time. Nothing is loaded into the kernel.
 async fn report_from_agent(
@@ -1030,7 +1117,7 @@ async fn intervals_from_agent(
         let request = api::Request::Window { from_unix_s: from, to_unix_s: until, by_cgroup: false };
         let w: api::WindowAnswer = api::call(socket, &request, "window")?;
         from = if w.frames > 0 { w.to_unix_s } else { until + resolution / 2.0 };
-        window_report(w, view, None, selection, socket, false)?.print_interval(view)?;
+        window_report(w, view, None, selection, Origin::Agent(socket), false)?.print_interval(view)?;
         shown += 1;
         if every.count == Some(shown) {
             return Ok(());
@@ -1141,24 +1228,24 @@ fn show_window(
     selection: &Selection,
     socket: &Path,
 ) -> Result<()> {
-    window_report(w, view, save, selection, socket, true)?.print(view)
+    window_report(w, view, save, selection, Origin::Agent(socket), true)?.print(view)
 }
 
 /// A window of the agent's recorder as a report of the devices selected (`top`), per cgroup
 /// too when the window has them.
 pub fn window_report_for(w: api::WindowAnswer, selection: &Selection, socket: &Path) -> Result<Report> {
     let by_cgroup = (!w.by_cgroup.is_empty()).then_some(LabelForm::Path);
-    window_report(w, View { by_cgroup, ..View::default() }, None, selection, socket, false)
+    window_report(w, View { by_cgroup, ..View::default() }, None, selection, Origin::Agent(socket), false)
 }
 
-/// A window of the agent's recorder as a report of the devices selected (and saved), with
-/// their slowest IOs of the window's minutes when `slowest`.
+/// A window of the agent's recorder (or a store) as a report of the devices selected (and
+/// saved), with their slowest IOs of the window's minutes when an agent answers.
 fn window_report(
     w: api::WindowAnswer,
     view: View,
     save: Option<&Path>,
     selection: &Selection,
-    socket: &Path,
+    origin: Origin,
     slowest: bool,
 ) -> Result<Report> {
     let mut capture = w.capture;
@@ -1181,17 +1268,24 @@ fn window_report(
         }
         report = report.with_cgroups(&aggs, &topo, view.hist);
     }
-    if slowest {
+    if let (Origin::Agent(socket), true) = (origin, slowest) {
         let request = api::Request::Slowest { from_unix_s: w.from_unix_s, to_unix_s: w.to_unix_s };
         let shown: Vec<&str> = capture.devices.iter().map(|d| d.device.as_str()).collect();
         let slowest: Vec<crate::model::slowest::SlowMinute> = api::call(socket, &request, "slowest")?;
         report.slowest = slowest.into_iter().filter(|m| shown.contains(&m.device.as_str())).collect();
     }
+    let (socket, store) = match origin {
+        Origin::Agent(p) => (Some(p.to_owned()), None),
+        Origin::Store(p) => (None, Some(p.to_owned())),
+    };
     report.from_agent = Some(FromAgent {
-        socket: socket.to_owned(),
+        socket,
+        store,
         from_unix_s: w.from_unix_s,
         to_unix_s: w.to_unix_s,
         frames: w.frames,
+        gaps: w.gaps,
+        damaged_frames: w.damaged_frames,
     });
     Ok(report)
 }

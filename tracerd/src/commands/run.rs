@@ -26,7 +26,8 @@ use crate::{
     model::topology::Topology,
     serve::api,
     serve::http,
-    serve::metrics::{RecorderGauges, State},
+    serve::metrics::{RecorderGauges, State, StoreGauges},
+    store::{Start, Store},
 };
 
 /// How often devices are rescanned, lost counters refreshed and the kernel's series folded.
@@ -52,6 +53,27 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
     let security = http::Security::load(&config.http)?;
     let scheme = security.scheme();
     let (api_listener, _socket_file) = api::bind(&config.socket)?;
+    // The store too: a store another agent holds, or one of another format, is refused here.
+    let mut recorder = Recorder::new(config.recorder);
+    if let Some(limits) = &config.store {
+        let mut store = Store::open(limits.clone())?;
+        store.start(Start {
+            started_ms: unix_ms(),
+            pid: std::process::id(),
+            tracerd_version: env!("CARGO_PKG_VERSION").into(),
+            kernel: kernel_release(),
+            host: hostname(),
+        });
+        if let Some((from, _)) = store.span() {
+            tracing::info!(
+                "recorder store {}: history from {} ({} frames)",
+                limits.dir.display(),
+                crate::units::rfc3339(from as f64 / 1e3),
+                store.frame_count()
+            );
+        }
+        recorder.store = Some(store);
+    }
     // Labelled by cgroup, the kernel keeps (cgroup, device, op) series; a key idle for a while
     // gives its place back (at the latest when its label would expire).
     opts.cgroups = config.cgroups.enabled() && opts.aggregation != Aggregation::Records;
@@ -77,7 +99,7 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
         ..Default::default()
     }));
     let shared = Arc::new(api::Shared::new(
-        Recorder::new(config.recorder),
+        recorder,
         api::Status {
             tracerd_version: env!("CARGO_PKG_VERSION").into(),
             pid: std::process::id(),
@@ -276,18 +298,8 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
                 let now = unix_ms();
                 if now.saturating_sub(frame_start) + 500 >= resolution_ms {
                     let lost = st.agg.lost;
-                    let devices: Vec<_> = frame.borrow().devices().filter_map(|d| topo.get(d).cloned()).collect();
-                    let sealed = frame.borrow_mut().seal(frame_start, now, &lost.since(&frame_lost));
+                    st.recorder = seal_frame(&shared, &frame, topo, (frame_start, now), &lost.since(&frame_lost));
                     (frame_start, frame_lost) = (now, lost);
-                    let mut recorder = shared.recorder.lock().unwrap_or_else(|e| e.into_inner());
-                    recorder.push(sealed, devices);
-                    st.recorder = RecorderGauges {
-                        bytes: recorder.bytes(),
-                        max_bytes: recorder.limits.max_bytes,
-                        frames: recorder.len(),
-                        span_s: recorder.span().map_or(0.0, |(a, b)| (b - a) as f64 / 1e3),
-                        dropped_for_memory: recorder.dropped_for_memory,
-                    };
                 }
                 shared.status.lock().unwrap_or_else(|e| e.into_inner()).traced_devices = st.traced_devices;
             }
@@ -301,9 +313,10 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
             _ = &mut shutdown => break,
         }
     }
-    if aggregation == Aggregation::Check {
+    let stored = shared.recorder.lock().unwrap_or_else(|e| e.into_inner()).store.is_some();
+    if aggregation == Aggregation::Check || stored {
         // Every IO done before the signal has its record in the ring buffer and its counts in
-        // the kernel: take both, then compare.
+        // the kernel: take both, then compare; and keep the last frame, short as it is.
         session.drain_now(on_io);
         fold_kernel(
             &mut session,
@@ -312,12 +325,49 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
             &cgroup_names,
             (aggregation == Aggregation::Check).then_some(&check),
         )?;
-        let topo = session.topo.clone();
-        check.borrow().verdict(|d| topo.name_of(d))?;
+        let lost = state.lock().unwrap_or_else(|e| e.into_inner()).agg.lost;
+        let now = unix_ms();
+        if now > frame_start {
+            seal_frame(&shared, &frame, &session.topo, (frame_start, now), &lost.since(&frame_lost));
+        }
+        if aggregation == Aggregation::Check {
+            let topo = session.topo.clone();
+            check.borrow().verdict(|d| topo.name_of(d))?;
+        }
     }
     tracing::info!("shutting down: detaching every program");
     drop(session);
     Ok(())
+}
+
+/// Seals the frame being filled, `[start_ms, end_ms)`, into the recorder (and its store), and
+/// says what the recorder holds now.
+fn seal_frame(
+    shared: &api::Shared,
+    frame: &RefCell<FrameBuilder>,
+    topo: &Topology,
+    (start_ms, end_ms): (u64, u64),
+    lost: &Lost,
+) -> RecorderGauges {
+    let devices: Vec<_> = frame.borrow().devices().filter_map(|d| topo.get(d).cloned()).collect();
+    let sealed = frame.borrow_mut().seal(start_ms, end_ms, lost);
+    let mut recorder = shared.recorder.lock().unwrap_or_else(|e| e.into_inner());
+    recorder.push(sealed, devices);
+    RecorderGauges {
+        bytes: recorder.bytes(),
+        max_bytes: recorder.limits.max_bytes,
+        frames: recorder.len(),
+        span_s: recorder.span().map_or(0.0, |(a, b)| (b - a) as f64 / 1e3),
+        dropped_for_memory: recorder.dropped_for_memory,
+        store: recorder.store.as_ref().map(|st| StoreGauges {
+            bytes: st.bytes(),
+            max_bytes: st.limits.max_bytes,
+            frames_not_stored: st.health.frames_not_stored,
+            write_errors: st.health.write_errors,
+            damaged_records: st.health.damaged_records,
+            torn_tails: st.health.torn_tails,
+        }),
+    }
 }
 
 /// Keeps the IO whole if it is among its device's slowest of the minute. The agent's queue

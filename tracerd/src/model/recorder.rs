@@ -26,6 +26,7 @@ use crate::model::{
     stage::Stage,
     topology::{Device, Topology},
 };
+use crate::store::{Gap, Store};
 
 /// Bounds of the recorder (config `[recorder]`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -331,6 +332,16 @@ pub struct Damaged {
 }
 
 impl Frame {
+    /// A frame read back from the store.
+    pub fn from_parts(start_ms: u64, end_ms: u64, data: Arc<[u8]>) -> Frame {
+        Frame { start_ms, end_ms, data }
+    }
+
+    /// The encoded bytes (what the store writes).
+    pub fn data(&self) -> &[u8] {
+        &self.data
+    }
+
     /// Memory the frame takes: its bytes, the shared allocation's header, the entry.
     pub fn size(&self) -> usize {
         self.data.len() + 16 + std::mem::size_of::<Frame>()
@@ -377,6 +388,9 @@ pub struct Recorder {
     devices: HashMap<u32, (Device, u64)>,
     /// Frames dropped before their time because the frames took `max_bytes`.
     pub dropped_for_memory: u64,
+    /// The store on disk: every frame is written to it, and windows older than the frames in
+    /// memory are read from it.
+    pub store: Option<Store>,
 }
 
 /// A window of frames, taken from the recorder: decoded outside its lock.
@@ -384,6 +398,10 @@ pub struct Recorder {
 pub struct Window {
     pub frames: Vec<Frame>,
     pub topology: Topology,
+    /// Where the window has no frames because no agent ran (from the store).
+    pub gaps: Vec<Gap>,
+    /// Frames of the window the store could not read back (damaged on disk): left out.
+    pub damaged_frames: u64,
 }
 
 impl Window {
@@ -432,6 +450,10 @@ impl Recorder {
     /// Keeps a sealed frame, with the devices it names (from the topology of the moment), and
     /// drops what the bounds no longer allow.
     pub fn push(&mut self, frame: Frame, devices: impl IntoIterator<Item = Device>) {
+        let devices: Vec<Device> = devices.into_iter().collect();
+        if let Some(store) = &mut self.store {
+            store.append(&frame, &devices);
+        }
         for d in devices {
             self.devices.entry(d.dev).or_insert((d, 0)).1 = frame.end_ms;
         }
@@ -471,22 +493,34 @@ impl Recorder {
         self.frames.is_empty()
     }
 
-    /// The span the kept frames cover, `[start_ms, end_ms)`.
+    /// The span the kept frames cover, `[start_ms, end_ms)`: on disk and in memory.
     pub fn span(&self) -> Option<(u64, u64)> {
-        Some((self.frames.front()?.start_ms, self.frames.back()?.end_ms))
+        let memory = Some((self.frames.front()?.start_ms, self.frames.back()?.end_ms));
+        match (self.store.as_ref().and_then(Store::span), memory) {
+            (Some(d), Some(m)) => Some((d.0.min(m.0), d.1.max(m.1))),
+            (d, m) => d.or(m),
+        }
     }
 
-    /// The frames that overlap `[from_ms, to_ms)`, with the devices known.
-    pub fn window(&self, from_ms: u64, to_ms: u64) -> Window {
-        Window {
-            frames: self
-                .frames
-                .iter()
-                .filter(|f| f.end_ms > from_ms && f.start_ms < to_ms)
-                .cloned()
-                .collect(),
-            topology: Topology::from_devices(self.devices.values().map(|(d, _)| d.clone())),
+    /// The frames that overlap `[from_ms, to_ms)`, with the devices known: from memory, and
+    /// before the oldest frame in memory from the store.
+    pub fn window(&mut self, from_ms: u64, to_ms: u64) -> Window {
+        let in_memory = self.frames.front().map_or(u64::MAX, |f| f.start_ms);
+        let (mut frames, mut devices, mut gaps, mut damaged_frames) = (Vec::new(), Vec::new(), Vec::new(), 0);
+        if let Some(store) = &mut self.store {
+            if from_ms < in_memory {
+                let before = store.health.damaged_records;
+                frames = store.frames(from_ms, to_ms.min(in_memory));
+                frames.retain(|f| f.start_ms < in_memory);
+                damaged_frames = store.health.damaged_records - before;
+            }
+            devices.extend(store.devices().cloned());
+            gaps = store.gaps(from_ms, to_ms);
         }
+        frames.extend(self.frames.iter().filter(|f| f.end_ms > from_ms && f.start_ms < to_ms).cloned());
+        // The memory's devices are the newest: they win over the store's.
+        devices.extend(self.devices.values().map(|(d, _)| d.clone()));
+        Window { frames, topology: Topology::from_devices(devices), gaps, damaged_frames }
     }
 
     /// Devices the kept frames name.
@@ -744,7 +778,7 @@ mod tests {
         assert_eq!(d.cgroups.len(), 2);
         assert_eq!(d.cgroups[0].0, (7, Op::Read, "/a".to_owned()));
         assert_eq!(d.cgroups[0].1.requests, 2);
-        let w = Window { frames: frames.to_vec(), topology: Topology::default() };
+        let w = Window { frames: frames.to_vec(), ..Default::default() };
         let per = w.aggregate_cgroups().unwrap();
         assert_eq!(per.keys().collect::<Vec<_>>(), ["/a", "/b"]);
         assert_eq!(per["/a"].series[&(7, Op::Read)].requests, 2);

@@ -18,7 +18,7 @@ pub fn major_minor(dev: u32) -> (u32, u32) {
     (dev >> 20, dev & 0xf_ffff)
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Device {
     /// Kernel name (`loop0`, `loop0p1`, `nvme0n1`, `dm-0`).
     pub name: String,

@@ -22,7 +22,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 use crate::{
     commands::capture::{Capture, Meta},
-    model::recorder::Recorder,
+    model::recorder::{Recorder, Window},
 };
 
 /// The version of every request and answer.
@@ -140,6 +140,30 @@ pub struct RecorderStatus {
     pub from_unix_s: Option<f64>,
     pub to_unix_s: Option<f64>,
     pub frames_dropped_for_memory: u64,
+    /// The store on disk (absent when history is kept in memory only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<StoreStatus>,
+}
+
+/// The recorder's store, as `status` reports it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StoreStatus {
+    pub path: PathBuf,
+    pub retention_s: f64,
+    pub max_bytes: u64,
+    pub bytes: u64,
+    pub segments: u64,
+    pub frames: u64,
+    /// Frames up to this time are synced to the disk (power loss loses what is after it).
+    pub durable_to_unix_s: Option<f64>,
+    pub health: crate::store::StoreHealth,
+}
+
+/// A stretch of a window with no frame because no agent ran.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GapAnswer {
+    pub from_unix_s: f64,
+    pub to_unix_s: f64,
 }
 
 /// A window's answer: the span its frames really cover, and their sum as a capture.
@@ -152,6 +176,52 @@ pub struct WindowAnswer {
     /// Asked `by_cgroup`: the window per cgroup label (empty if the agent keeps none).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub by_cgroup: BTreeMap<String, Capture>,
+    /// Where the window has no frames because no agent ran (a restart, a reboot).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gaps: Vec<GapAnswer>,
+    /// Frames of the window the store could not read back (damaged on disk), left out.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub damaged_frames: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// A window's frames added up: the agent's answer, and `report --store`'s.
+pub fn window_answer(
+    window: &Window,
+    asked_from_unix_s: f64,
+    by_cgroup: bool,
+    kernel: String,
+    host: String,
+) -> Result<WindowAnswer, String> {
+    let (agg, lost) = window.aggregate().map_err(|e| e.to_string())?;
+    let (from, to) = window
+        .span()
+        .map_or((asked_from_unix_s, asked_from_unix_s), |(a, b)| (a as f64 / 1e3, b as f64 / 1e3));
+    let meta = Meta { kernel, host, started_unix_s: from, duration_s: to - from };
+    let cgroups =
+        if by_cgroup { window.aggregate_cgroups().map_err(|e| e.to_string())? } else { BTreeMap::new() };
+    let none = crate::model::aggregate::Lost::default();
+    Ok(WindowAnswer {
+        from_unix_s: from,
+        to_unix_s: to,
+        frames: window.frames.len() as u64,
+        by_cgroup: cgroups
+            .iter()
+            .map(|(label, agg)| {
+                (label.clone(), Capture::from_aggregate(agg, &window.topology, &none, meta.clone()))
+            })
+            .collect(),
+        capture: Capture::from_aggregate(&agg, &window.topology, &lost, meta),
+        gaps: window
+            .gaps
+            .iter()
+            .map(|g| GapAnswer { from_unix_s: g.from_ms as f64 / 1e3, to_unix_s: g.to_ms as f64 / 1e3 })
+            .collect(),
+        damaged_frames: window.damaged_frames,
+    })
 }
 
 /// What the API serves from: the recorder, what `status` says of the agent, and the views
@@ -193,6 +263,7 @@ impl Shared {
             from_unix_s: span.map(|s| s.0 as f64 / 1e3),
             to_unix_s: span.map(|s| s.1 as f64 / 1e3),
             frames_dropped_for_memory: r.dropped_for_memory,
+            store: r.store.as_ref().map(store_status),
         };
         s
     }
@@ -208,27 +279,8 @@ impl Shared {
         let ms = |s: f64| (s.max(0.0) * 1e3).round() as u64;
         let window =
             self.recorder.lock().unwrap_or_else(|e| e.into_inner()).window(ms(from_unix_s), ms(to_unix_s));
-        let (agg, lost) = window.aggregate().map_err(|e| e.to_string())?;
-        let (from, to) =
-            window.span().map_or((from_unix_s, from_unix_s), |(a, b)| (a as f64 / 1e3, b as f64 / 1e3));
         let status = self.status.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let meta =
-            Meta { kernel: status.kernel, host: status.host, started_unix_s: from, duration_s: to - from };
-        let cgroups =
-            if by_cgroup { window.aggregate_cgroups().map_err(|e| e.to_string())? } else { BTreeMap::new() };
-        let none = crate::model::aggregate::Lost::default();
-        Ok(WindowAnswer {
-            from_unix_s: from,
-            to_unix_s: to,
-            frames: window.frames.len() as u64,
-            by_cgroup: cgroups
-                .iter()
-                .map(|(label, agg)| {
-                    (label.clone(), Capture::from_aggregate(agg, &window.topology, &none, meta.clone()))
-                })
-                .collect(),
-            capture: Capture::from_aggregate(&agg, &window.topology, &lost, meta),
-        })
+        window_answer(&window, from_unix_s, by_cgroup, status.kernel, status.host)
     }
 
     fn subscribe(
@@ -280,6 +332,19 @@ impl Shared {
 
 fn error_body(e: &str) -> Value {
     serde_json::json!({ "version": VERSION, "error": e })
+}
+
+fn store_status(st: &crate::store::Store) -> StoreStatus {
+    StoreStatus {
+        path: st.limits.dir.clone(),
+        retention_s: st.limits.retention.as_secs_f64(),
+        max_bytes: st.limits.max_bytes,
+        bytes: st.bytes(),
+        segments: st.segment_count() as u64,
+        frames: st.frame_count() as u64,
+        durable_to_unix_s: st.durable_to_ms().filter(|&ms| ms != 0).map(|ms| ms as f64 / 1e3),
+        health: st.health.clone(),
+    }
 }
 
 /// Checks a request line: JSON, the version, then the request itself.

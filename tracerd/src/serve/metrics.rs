@@ -69,6 +69,19 @@ pub struct RecorderGauges {
     /// Seconds the kept frames cover.
     pub span_s: f64,
     pub dropped_for_memory: u64,
+    /// The store on disk, when the agent keeps one.
+    pub store: Option<StoreGauges>,
+}
+
+/// The recorder's store on disk, as /metrics shows it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StoreGauges {
+    pub bytes: u64,
+    pub max_bytes: u64,
+    pub frames_not_stored: u64,
+    pub write_errors: u64,
+    pub damaged_records: u64,
+    pub torn_tails: u64,
 }
 
 pub use crate::serve::exposition::escape;
@@ -467,6 +480,41 @@ pub fn families(state: &State, format: Format) -> Vec<Family> {
             "Frames dropped before the end of the retention because the recorder reached its byte bound.",
             r.dropped_for_memory as f64,
         );
+        if let Some(st) = &r.store {
+            let mut f = family(
+                "tracerd_recorder_store_bytes",
+                Kind::Gauge,
+                "Disk taken by the recorder's store (state=used), and its bound (state=limit, config \
+                 store.max_bytes).",
+            );
+            number(&mut f, labels([("state", "used")]), st.bytes as f64);
+            number(&mut f, labels([("state", "limit")]), st.max_bytes as f64);
+            out.push(f);
+            for (name, help, v) in [
+                (
+                    "tracerd_recorder_store_frames_not_stored_total",
+                    "Frames kept in memory but not written to the store, because a write failed (a full disk).",
+                    st.frames_not_stored,
+                ),
+                (
+                    "tracerd_recorder_store_write_errors_total",
+                    "Writes and syncs to the recorder's store that failed.",
+                    st.write_errors,
+                ),
+                (
+                    "tracerd_recorder_store_damaged_records_total",
+                    "Records of the store that did not check (CRC, length) and were skipped.",
+                    st.damaged_records,
+                ),
+                (
+                    "tracerd_recorder_store_torn_tails_total",
+                    "Unfinished records (an agent stopped mid-write) cut off when the store was opened.",
+                    st.torn_tails,
+                ),
+            ] {
+                single(&mut out, name, Kind::Counter, help, v as f64);
+            }
+        }
     }
     single(
         &mut out,
@@ -725,8 +773,14 @@ mod tests {
             (1, 9500, 9600, 20_000);
         plain.agg.add(7, Op::Read, &waited, &[], |_| "lo".into());
         plain.aggregation = "kernel";
-        plain.recorder =
-            RecorderGauges { bytes: 1, max_bytes: 2, frames: 1, span_s: 1.0, dropped_for_memory: 0 };
+        plain.recorder = RecorderGauges {
+            bytes: 1,
+            max_bytes: 2,
+            frames: 1,
+            span_s: 1.0,
+            dropped_for_memory: 0,
+            store: Some(StoreGauges::default()),
+        };
         let mut with_cgroups = sample_state();
         let mut c = CgroupSeries::new(CgroupLimits { label: LabelForm::Path, ..Default::default() });
         let mut rq = IoRecord { kind: kind::REQUEST, bytes: 4096, ..Default::default() };
