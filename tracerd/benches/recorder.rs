@@ -3,17 +3,23 @@
 //! every frame holding 20,000 IOs per device and op with stages spread as a saturated loop
 //! device spreads them (hundreds of ns to hundreds of µs), folded in as the kernel's counts
 //! are (`run`'s default). Prints the bytes the frames take against the default bound, and the
-//! time to add up the last 10 minutes and the whole hour.
+//! time to add up the last 10 minutes and the whole hour. Then the same hour written to a
+//! store on disk (under the temp directory, removed after) as the agent writes it, one frame
+//! a second with a sync every 5: the write cost per frame, the bytes on disk, a day of them
+//! against the store's default bound, and the time to read the hour back from disk.
 //!
 //! cargo bench -p tracerd --bench recorder
 
 use std::time::Instant;
 
 use tracer_common::{IoRecord, SeriesAgg, event, kind};
-use tracerd::model::{
-    aggregate::{Lost, count_like_the_kernel},
-    op::Op,
-    recorder::{FrameBuilder, Recorder, RecorderLimits},
+use tracerd::{
+    model::{
+        aggregate::{Lost, count_like_the_kernel},
+        op::Op,
+        recorder::{FrameBuilder, Recorder, RecorderLimits},
+    },
+    store::{Store, StoreLimits},
 };
 
 const DEVICES: u32 = 8;
@@ -78,6 +84,52 @@ fn main() {
     println!(
         "recorder: adding up a window: last 10 minutes {ten_minutes:.0} ms, the whole hour {hour:.0} ms"
     );
+    store(&recorder.window(first, last).frames, first, last);
+}
+
+/// The hour's frames written to a store as the agent writes them, and read back.
+fn store(frames: &[tracerd::model::recorder::Frame], first: u64, last: u64) {
+    let dir = std::env::temp_dir().join(format!("tracerd-bench-store-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let defaults = StoreLimits::new(dir.clone());
+    let mut store = Store::open(StoreLimits { max_bytes: u64::MAX, ..defaults.clone() }).expect("a store");
+    let every = defaults.sync_every.as_secs() as usize;
+    let t = Instant::now();
+    for (i, frame) in frames.iter().enumerate() {
+        store.append(frame, &[]);
+        if (i + 1) % every == 0 {
+            store.sync();
+        }
+    }
+    store.sync();
+    let write_us = t.elapsed().as_secs_f64() * 1e6 / frames.len() as f64;
+    assert_eq!(store.health.frames_not_stored, 0, "{:?}", store.health);
+    let bytes = store.bytes();
+    drop(store);
+    let t = Instant::now();
+    let mut recorder = Recorder::default();
+    recorder.store = Some(Store::open_read_only(&dir).expect("the store reads back"));
+    let read = recorder.window(first, last);
+    let (agg, _) = read.aggregate().expect("frames decode");
+    let read_ms = t.elapsed().as_secs_f64() * 1e3;
+    let requests: u64 = agg.series.values().map(|s| s.requests).sum();
+    assert_eq!(requests, (last - first) / 1000 * DEVICES as u64 * 2 * IOS_PER_SERIES);
+    let day = bytes as f64 * 86_400e3 / (last - first) as f64;
+    let mib = |b: f64| b / (1 << 20) as f64;
+    println!(
+        "recorder store: an hour written at {write_us:.0} µs a frame (a second of the agent; a sync every \
+         {every}): {:.1} MiB on disk, a day {:.0} MiB; default bound {:.0} MiB: {}",
+        mib(bytes as f64),
+        mib(day),
+        mib(defaults.max_bytes as f64),
+        if day <= defaults.max_bytes as f64 {
+            "met".to_owned()
+        } else {
+            format!("NOT met: it keeps {:.1} h of them", 24.0 * defaults.max_bytes as f64 / day)
+        }
+    );
+    println!("recorder store: reading the hour back from disk and adding it up: {read_ms:.0} ms");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `c` as if each of its IOs had happened `k` times.

@@ -66,7 +66,7 @@ impl StoreLimits {
         StoreLimits {
             dir,
             retention: Duration::from_secs(86_400),
-            max_bytes: 256 << 20,
+            max_bytes: 512 << 20,
             sync_every: Duration::from_secs(5),
         }
     }
