@@ -598,21 +598,27 @@ pub fn bpf_programs_held_by(pid: i32) -> usize {
 /// Runs of the kprobe programs (BPF_PROG_TYPE_KPROBE) that process `pid` holds, summed from
 /// their fdinfo; the kernel counts them only while `kernel.bpf_stats_enabled` is 1.
 pub fn kprobe_runs_of(pid: i32) -> u64 {
-    const BPF_PROG_TYPE_KPROBE: &str = "2";
-    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else { return 0 };
+    program_stats_of(pid, &[BPF_PROG_TYPE_KPROBE]).0
+}
+
+pub const BPF_PROG_TYPE_KPROBE: u32 = 2;
+/// raw_tp and tp_btf programs: the agent's tracepoint hooks.
+pub const BPF_PROG_TYPES_TRACEPOINT: [u32; 2] = [17, 26];
+
+/// Runs and run time (ns) of the programs of these types that process `pid` holds, summed
+/// from their fdinfo; counted only while `kernel.bpf_stats_enabled` is 1.
+pub fn program_stats_of(pid: i32, types: &[u32]) -> (u64, u64) {
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else { return (0, 0) };
+    let field = |info: &str, name: &str| -> u64 {
+        info.lines().find_map(|l| l.strip_prefix(name)).and_then(|n| n.trim().parse().ok()).unwrap_or(0)
+    };
     fds.flatten()
         .filter(|fd| fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy() == "anon_inode:bpf-prog"))
         .filter_map(|fd| {
             fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", fd.file_name().to_string_lossy())).ok()
         })
-        .filter(|info| {
-            info.lines()
-                .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["prog_type:", BPF_PROG_TYPE_KPROBE])
-        })
-        .filter_map(|info| {
-            info.lines().find_map(|l| l.strip_prefix("run_cnt:")).and_then(|n| n.trim().parse::<u64>().ok())
-        })
-        .sum()
+        .filter(|info| types.contains(&(field(info, "prog_type:") as u32)))
+        .fold((0, 0), |(runs, ns), info| (runs + field(&info, "run_cnt:"), ns + field(&info, "run_time_ns:")))
 }
 
 /// The text of a tmux session's pane, as a user sees it.

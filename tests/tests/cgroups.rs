@@ -620,8 +620,24 @@ fn reads_held_by_blk_throttle_wait_in_h2q_and_q2c_leaves_the_hold_out() {
     let runs_before = tracerd_tests::kprobe_runs_of(agent.pid());
     let measured_free = reads(&free);
     let runs_free = tracerd_tests::kprobe_runs_of(agent.pid()) - runs_before;
+    let programs = |types: &[u32]| tracerd_tests::program_stats_of(agent.pid(), types);
+    let (kprobes_before, tracepoints_before) = (
+        programs(&[tracerd_tests::BPF_PROG_TYPE_KPROBE]),
+        programs(&tracerd_tests::BPF_PROG_TYPES_TRACEPOINT),
+    );
     let measured = reads(&held);
     let runs_held = tracerd_tests::kprobe_runs_of(agent.pid()) - runs_before - runs_free;
+    // The hook's cost beside the tracepoint programs' over the same held reads, both timed
+    // by the kernel (bpf_stats): a ratio, since emulation inflates every figure alike.
+    let per_run =
+        |(runs, ns): (u64, u64), (runs0, ns0): (u64, u64)| (ns - ns0) as f64 / (runs - runs0).max(1) as f64;
+    if hooked {
+        println!(
+            "per run over the held reads: blk-throttle's hook {:.0} ns, the tracepoint programs {:.0} ns on average",
+            per_run(programs(&[tracerd_tests::BPF_PROG_TYPE_KPROBE]), kprobes_before),
+            per_run(programs(&tracerd_tests::BPF_PROG_TYPES_TRACEPOINT), tracepoints_before)
+        );
+    }
     let _ = fs::write("/proc/sys/kernel/bpf_stats_enabled", stats.trim());
     println!(
         "the agent's kprobes ran {runs_free} times for the free cgroup's reads, {runs_held} for the held one's"
