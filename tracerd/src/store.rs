@@ -340,11 +340,7 @@ impl Store {
                 return Ok((self.segments.len() - 1, file));
             }
         }
-        let ms = start_ms.unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64)
-        });
+        let ms = start_ms.unwrap_or_else(crate::units::unix_ms);
         // Never the name of one that exists: a clock set back must not overwrite history.
         let newest = self.segments.last().and_then(|s| segment_ms(&s.path.file_name()?.to_string_lossy()));
         let ms = newest.map_or(ms, |n| ms.max(n + 1));
@@ -683,6 +679,10 @@ mod tests {
         frames.iter().flat_map(|f| f.decode().unwrap().series).map(|(_, s)| s.requests).sum()
     }
 
+    fn start(started_ms: u64) -> Start {
+        Start { started_ms, pid: 1, tracerd_version: "0".into(), kernel: "k".into(), host: "h".into() }
+    }
+
     fn limits(d: &Path) -> StoreLimits {
         StoreLimits::new(d.to_path_buf())
     }
@@ -691,14 +691,7 @@ mod tests {
     fn frames_devices_and_starts_read_back_after_reopening() {
         let d = dir();
         let mut s = Store::open(limits(&d)).unwrap();
-        let start = Start {
-            started_ms: 1_000,
-            pid: 1,
-            tracerd_version: "0".into(),
-            kernel: "k".into(),
-            host: "h".into(),
-        };
-        s.start(start.clone());
+        s.start(start(1_000));
         for i in 0..10 {
             s.append(&frame(1_000 + i * 1000, i + 1), &[device()]);
         }
@@ -708,7 +701,7 @@ mod tests {
         assert_eq!(requests(&s.frames(0, u64::MAX)), 55);
         assert_eq!(requests(&s.frames(3_500, 5_000)), 3 + 4);
         assert_eq!(s.devices().collect::<Vec<_>>(), vec![&device()]);
-        assert_eq!(s.starts, vec![start]);
+        assert_eq!(s.starts, vec![start(1_000)]);
         assert_eq!(s.health, StoreHealth::default());
         std::fs::remove_dir_all(&d).unwrap();
     }
@@ -841,13 +834,6 @@ mod tests {
     fn gaps_lie_between_the_last_frame_before_a_start_and_the_first_after() {
         let d = dir();
         let mut s = Store::open(limits(&d)).unwrap();
-        let start = |ms| Start {
-            started_ms: ms,
-            pid: 1,
-            tracerd_version: "0".into(),
-            kernel: "k".into(),
-            host: "h".into(),
-        };
         s.start(start(0));
         s.append(&frame(0, 1), &[device()]);
         s.append(&frame(1000, 1), &[device()]);

@@ -69,6 +69,11 @@ pub fn decimal(mut v: u64, buf: &mut [u8; 20]) -> &str {
     std::str::from_utf8(&buf[i..]).unwrap_or("?")
 }
 
+/// Now, in ms since the Unix epoch (the recorder's clock: views ask in wall-clock time).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 /// [`Duration`] as a `String`.
 pub fn duration_ns(ns: f64) -> String {
     Duration(ns).to_string()

@@ -829,12 +829,8 @@ pub struct FromAgent {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub gaps: Vec<api::GapAnswer>,
     /// Frames of the window the store could not read back, left out.
-    #[serde(skip_serializing_if = "is_zero")]
+    #[serde(skip_serializing_if = "capture::is_zero")]
     pub damaged_frames: u64,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
 }
 
 /// Where a window was read: the agent's socket, or a store's directory (offline).
@@ -1022,8 +1018,7 @@ fn store_window(dir: &Path, source: Source, by_cgroup: bool) -> Result<api::Wind
         store.newest_start().map_or_else(Default::default, |s| (s.kernel.clone(), s.host.clone()));
     let mut recorder = crate::model::recorder::Recorder::default();
     recorder.store = Some(store);
-    let ms = |s: f64| (s.max(0.0) * 1e3).round() as u64;
-    let window = recorder.window(ms(from), ms(to));
+    let window = recorder.window(api::window_ms(from), api::window_ms(to));
     if window.frames.is_empty() {
         anyhow::bail!(
             "the store {} has no frame between {} and {}: it holds {} to {}",

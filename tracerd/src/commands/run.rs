@@ -4,7 +4,7 @@ use std::{
     cell::RefCell,
     collections::{BTreeMap, HashSet},
     sync::{Arc, Mutex, atomic::Ordering::Relaxed},
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
 
 use anyhow::{Result, bail};
@@ -28,6 +28,7 @@ use crate::{
     serve::http,
     serve::metrics::{RecorderGauges, State, StoreGauges},
     store::{Start, Store},
+    units::unix_ms,
 };
 
 /// How often devices are rescanned, lost counters refreshed and the kernel's series folded.
@@ -37,11 +38,6 @@ const HOUSEKEEPING: Duration = Duration::from_secs(1);
 const SWEEP_EVERY: u64 = 30;
 /// The in-flight tables' occupancy is sampled every this many ticks (a scan is 32768 lookups).
 const OCCUPANCY_EVERY: u64 = 10;
-
-/// Now, in ms since the Unix epoch (the recorder's clock: views ask in wall-clock time).
-fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
 
 pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -> Result<()> {
     let (listen, stale_after) = (config.listen, config.stale_after);

@@ -180,12 +180,14 @@ pub struct WindowAnswer {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gaps: Vec<GapAnswer>,
     /// Frames of the window the store could not read back (damaged on disk), left out.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::commands::capture::is_zero")]
     pub damaged_frames: u64,
 }
 
-fn is_zero(n: &u64) -> bool {
-    *n == 0
+/// A window bound in seconds since the epoch, as the recorder's ms. Rounded: a window that
+/// starts at the last one's end (`to_unix_s`) takes no frame twice.
+pub fn window_ms(unix_s: f64) -> u64 {
+    (unix_s.max(0.0) * 1e3).round() as u64
 }
 
 /// A window's frames added up: the agent's answer, and `report --store`'s.
@@ -275,10 +277,11 @@ impl Shared {
                 "window from {from_unix_s} to {to_unix_s}: give from_unix_s before to_unix_s (seconds since the Unix epoch)"
             ));
         }
-        // Rounded: a window that starts at the last one's end (`to_unix_s`) takes no frame twice.
-        let ms = |s: f64| (s.max(0.0) * 1e3).round() as u64;
-        let window =
-            self.recorder.lock().unwrap_or_else(|e| e.into_inner()).window(ms(from_unix_s), ms(to_unix_s));
+        let window = self
+            .recorder
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .window(window_ms(from_unix_s), window_ms(to_unix_s));
         let status = self.status.lock().unwrap_or_else(|e| e.into_inner()).clone();
         window_answer(&window, from_unix_s, by_cgroup, status.kernel, status.host)
     }
