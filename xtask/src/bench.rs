@@ -45,9 +45,16 @@ enum Variant {
     TracerdReport,
     Biolatency,
     Bpftrace,
+    /// No tracer again, closing each fixed-rate round: every traced run of the round sits
+    /// between two untraced ones, and how far those two land apart is the round's A/A noise.
+    NoneAgain,
 }
 
 impl Variant {
+    fn is_untraced(self) -> bool {
+        matches!(self, Variant::None | Variant::NoneAgain)
+    }
+
     fn name(self) -> &'static str {
         match self {
             Variant::None => "no tracer",
@@ -58,6 +65,7 @@ impl Variant {
             Variant::TracerdReport => "tracerd report",
             Variant::Biolatency => "biolatency",
             Variant::Bpftrace => "bpftrace",
+            Variant::NoneAgain => "no tracer again",
         }
     }
 }
@@ -121,6 +129,9 @@ pub struct Options {
     pub rounds: usize,
     pub soak_seconds: u64,
     pub soak_only: bool,
+    /// Only what the cost targets judge: the untraced saturation rate, the fixed-rate rows,
+    /// the many-disks row and the BPF run time of `tracerd run` and biolatency.
+    pub fixed_rate_only: bool,
 }
 
 /// Undoes what the benchmark changed on the machine, also on error.
@@ -160,13 +171,15 @@ pub(crate) fn output(cmd: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Busy CPU time of the whole machine, in clock ticks.
+/// Busy CPU time of the whole machine, in clock ticks: user, nice, system, irq and softirq.
+/// Steal is left out: it is time the hypervisor gave another guest, which varies with the
+/// neighbours' load and is no work of this machine's.
 fn machine_busy_ticks() -> u64 {
     let stat = fs::read_to_string("/proc/stat").unwrap_or_default();
     let cpu = stat.lines().next().unwrap_or_default();
     // user nice system idle iowait irq softirq steal
     let f: Vec<u64> = cpu.split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
-    [0, 1, 2, 5, 6, 7].iter().filter_map(|&i| f.get(i)).sum()
+    [0, 1, 2, 5, 6].iter().filter_map(|&i| f.get(i)).sum()
 }
 
 /// utime + stime of a process, in clock ticks.
@@ -274,7 +287,9 @@ impl Tracer {
         let (out, err) = (dir.join("tracer.out"), dir.join("tracer.err"));
         let file = |p: &Path| fs::File::create(p).map(Stdio::from);
         let (mut child, ready_file, ready) = match variant {
-            Variant::None => return Ok(Tracer { child: None, programs: vec![], metrics: None, stderr: err }),
+            Variant::None | Variant::NoneAgain => {
+                return Ok(Tracer { child: None, programs: vec![], metrics: None, stderr: err });
+            }
             Variant::TracerdRun | Variant::TracerdRunRecords | Variant::TracerdRunCgroups => (
                 Command::new(tracerd_bin())
                     .args(["run", "--listen", &format!("127.0.0.1:{port}")])
@@ -464,7 +479,7 @@ fn measure(
     let busy1 = machine_busy_ticks();
     let own1 = pid.and_then(process_ticks);
     let bpf1 = bpf_runtimes(&tracer.programs)?;
-    let is_tracerd = !matches!(variant, Variant::None | Variant::Biolatency | Variant::Bpftrace);
+    let is_tracerd = !variant.is_untraced() && !matches!(variant, Variant::Biolatency | Variant::Bpftrace);
     let rss = if is_tracerd { pid.and_then(|p| status_kib(p, "VmHWM:")) } else { None };
     // One scrape: the total is the sum of the per-reason counters (`tracerd run` only).
     let lost_reasons = tracer.lost_reasons();
@@ -479,7 +494,7 @@ fn measure(
         iops,
         ios,
         cpu_ns_per_io: per_io((busy1 - busy0) as f64 * 1e9 / tck),
-        bpf_ns_per_io: (variant != Variant::None && stats == Stats::On).then_some(bpf_total),
+        bpf_ns_per_io: (!variant.is_untraced() && stats == Stats::On).then_some(bpf_total),
         bpf_programs: programs,
         bpf_by_program: if stats == Stats::On { by_program } else { BTreeMap::new() },
         tracer_cpu_ns_per_io: if is_tracerd {
@@ -668,7 +683,20 @@ pub fn bench(opts: Options) -> Result<()> {
         let two = Workload::new(TWO_SUBMITTERS, 16, 2);
         let qd1 = Workload::new(QD1, 1, 1);
         let saturating = [qd32.clone(), two, qd1];
-        run_interleaved(&mut results, &saturating, &ALL, &dev, (&opts, opts.rounds), tck, Stats::Off)?;
+        if opts.fixed_rate_only {
+            // The rates are fractions of the untraced saturation rate: that alone is needed.
+            run_interleaved(
+                &mut results,
+                &saturating[..1],
+                &ALL[..1],
+                &dev,
+                (&opts, opts.rounds),
+                tck,
+                Stats::Off,
+            )?;
+        } else {
+            run_interleaved(&mut results, &saturating, &ALL, &dev, (&opts, opts.rounds), tck, Stats::Off)?;
+        }
         let untraced = median(results[&(qd32.name.clone(), Variant::None)].iter().map(|s| s.iops).collect());
         let rated: Vec<Workload> = [25u64, 50, 75]
             .iter()
@@ -677,7 +705,6 @@ pub fn bench(opts: Options) -> Result<()> {
                 ..Workload::new(&format!("qd32 at {pct}% rate"), 32, 1)
             })
             .collect();
-        let cheap = [Variant::None, Variant::TracerdRun, Variant::Biolatency];
         // The fixed-rate rows are the cost verdicts: at least FIXED_RATE_ROUNDS rounds, with
         // every variant a target names (the cgroup label, the per-IO stream).
         let rated_rounds = opts.rounds.max(FIXED_RATE_ROUNDS);
@@ -695,12 +722,36 @@ pub fn bench(opts: Options) -> Result<()> {
             filename: Some(cleanup.many.iter().map(|(d, _)| d.as_str()).collect::<Vec<_>>().join(":")),
             ..Workload::new(&format!("{MANY_DISKS} disks, 50% rate"), 32, 1)
         };
-        run_interleaved(&mut results, &[many], &cheap, &dev, (&opts, rated_rounds), tck, Stats::Off)?;
+        run_interleaved(
+            &mut results,
+            &[many],
+            &MANY_DISKS_VARIANTS,
+            &dev,
+            (&opts, rated_rounds),
+            tck,
+            Stats::Off,
+        )?;
         // BPF run time per IO: separate runs with stats on, one round.
-        let tracers = &ALL[1..];
-        run_interleaved(&mut costs, &saturating[..2], tracers, &dev, (&opts, 1), tck, Stats::On)?;
+        if opts.fixed_rate_only {
+            let compared = [Variant::TracerdRun, Variant::Biolatency];
+            run_interleaved(&mut costs, &saturating[..1], &compared, &dev, (&opts, 1), tck, Stats::On)?;
+        } else {
+            run_interleaved(&mut costs, &saturating[..2], &ALL[1..], &dev, (&opts, 1), tck, Stats::On)?;
+        }
     }
     set_bpf_stats(Stats::Off)?;
+    if opts.fixed_rate_only {
+        let text = summarize(&results, &costs, None);
+        print!("{text}");
+        let page = dir.join("fixed-rate.md");
+        fs::write(&page, results_page(&text, &opts, &measured)?)?;
+        fs::write(dir.join("bench.json"), to_json(&results, &costs, &[], 0, ""))?;
+        eprintln!(
+            "xtask: bench: the fixed-rate rows alone, in {}; {RESULTS_PAGE} keeps the last full run",
+            page.display()
+        );
+        return Ok(());
+    }
     eprintln!("xtask: bench: soak: tracerd run at saturation for {} s", opts.soak_seconds);
     let (samples, soak_reasons) = soak(&dev, opts.soak_seconds)?;
     if !soak_reasons.is_empty() {
@@ -712,7 +763,7 @@ pub fn bench(opts: Options) -> Result<()> {
     let recorder = recorder_benchmark()?;
 
     let soak = Soak { seconds: opts.soak_seconds, rss: &rss, lost: soak_lost, reasons: &soak_reasons };
-    let mut text = summarize(&results, &costs, &soak, &records, &recorder);
+    let mut text = summarize(&results, &costs, Some((&soak, &records, &recorder)));
     let fds: Vec<u64> = samples.iter().map(|s| s.open_fds).filter(|&n| n > 0).collect();
     let _ = write!(
         text,
@@ -782,15 +833,21 @@ fn results_page(text: &str, opts: &Options, commit: &str) -> Result<String> {
     ))
 }
 
-/// The variants of the fixed-rate rows: those the cost targets judge, beside no tracer.
-const RATED: [Variant; 6] = [
+/// The variants of the fixed-rate rows: those the cost targets judge, between two untraced
+/// runs of the same round.
+const RATED: [Variant; 7] = [
     Variant::None,
     Variant::TracerdRun,
     Variant::TracerdRunCgroups,
     Variant::TracerdSnoop,
     Variant::TracerdReport,
     Variant::Biolatency,
+    Variant::NoneAgain,
 ];
+
+/// The variants of the many-disks row.
+const MANY_DISKS_VARIANTS: [Variant; 4] =
+    [Variant::None, Variant::TracerdRun, Variant::Biolatency, Variant::NoneAgain];
 
 const SATURATION: &str = "qd32 saturation";
 const TWO_SUBMITTERS: &str = "2 jobs x qd16";
@@ -830,22 +887,139 @@ fn noise(results: &Results, w: &str) -> f64 {
     if iops.is_empty() { f64::NAN } else { (hi - lo) / median(iops) }
 }
 
-/// The whole machine's CPU per IO of `v` over the untraced runs' (medians), and the untraced
-/// runs' spread (max - min): at a fixed rate, what a tracer costs and the noise it is read against.
-fn cpu_extra(results: &Results, w: &str, v: Variant) -> (f64, f64) {
-    let cpu = |v: Variant| -> Vec<f64> {
-        results.get(&(w.into(), v)).map_or(Vec::new(), |s| s.iter().map(|s| s.cpu_ns_per_io).collect())
-    };
-    let base = cpu(Variant::None);
-    let (lo, hi) = base.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
-    (median(cpu(v)) - median(base.clone()), if base.is_empty() { f64::NAN } else { hi - lo })
+/// The whole machine's CPU per IO of `v` in each round, in round order.
+fn cpu_per_io(results: &Results, w: &str, v: Variant) -> Vec<f64> {
+    results.get(&(w.into(), v)).map_or(Vec::new(), |s| s.iter().map(|s| s.cpu_ns_per_io).collect())
+}
+
+/// Per round: `v`'s CPU per IO minus that of the same round's untraced runs (the mean of the
+/// one that opens the round and the one that closes it). Pairing within the round takes out
+/// what a shared machine drifts by between rounds, which is larger than the costs measured.
+fn paired_extra(results: &Results, w: &str, v: Variant) -> Vec<f64> {
+    let (base, again) = (cpu_per_io(results, w, Variant::None), cpu_per_io(results, w, Variant::NoneAgain));
+    let cpu = cpu_per_io(results, w, v);
+    cpu.iter()
+        .enumerate()
+        .filter_map(|(r, c)| {
+            let b = *base.get(r)?;
+            Some(c - again.get(r).map_or(b, |a| (a + b) / 2.0))
+        })
+        .collect()
+}
+
+/// Per round: `a`'s paired extra minus `k` times `b`'s, the difference a cost target judges.
+fn paired_diff(results: &Results, w: &str, (a, b): (Variant, Variant), k: f64) -> Vec<f64> {
+    let (ea, eb) = (paired_extra(results, w, a), paired_extra(results, w, b));
+    ea.iter().zip(&eb).map(|(x, y)| x - k * y).collect()
+}
+
+/// A row's A/A noise: the median over rounds of |no tracer again - no tracer|, how far apart
+/// two identical untraced runs of one round land. Two variants that cost the same differ,
+/// round by round, by that much.
+fn aa_noise(results: &Results, w: &str) -> f64 {
+    let (base, again) = (cpu_per_io(results, w, Variant::None), cpu_per_io(results, w, Variant::NoneAgain));
+    median(base.iter().zip(&again).map(|(a, b)| (b - a).abs()).collect())
+}
+
+/// Median and min..max of per-round figures, in ns.
+fn ns_range(v: &[f64]) -> String {
+    let (lo, hi) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+    format!("{:+.0}ns ({lo:+.0}..{hi:+.0})", median(v.to_vec()))
 }
 
 fn fmt_ns(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.0}ns"))
 }
 
-fn summarize(results: &Results, costs: &Results, soak: &Soak, records: &str, recorder: &str) -> String {
+/// The lines under a fixed-rate row, and its cost verdicts. Every figure is paired within a
+/// round (see `paired_extra`), and every target is judged against the row's A/A noise.
+fn fixed_rate_lines(out: &mut String, results: &Results, costs: &Results, w: &str) -> Vec<(String, bool)> {
+    let ran = |v: Variant| results.contains_key(&(w.into(), v));
+    let noise = aa_noise(results, w);
+    let mut verdicts = Vec::new();
+    let shown: Vec<String> = RATED
+        .iter()
+        .filter(|&&v| !v.is_untraced() && ran(v))
+        .map(|&v| format!("{} {}", v.name(), ns_range(&paired_extra(results, w, v))))
+        .collect();
+    let _ = writeln!(
+        out,
+        "{:<18} extra CPU per IO over the round's untraced runs (median (min..max) of {} rounds): {}",
+        "",
+        cpu_per_io(results, w, Variant::None).len(),
+        shown.join(", ")
+    );
+    let _ = writeln!(out, "{:<18} A/A noise (median |no tracer again - no tracer|): {noise:.0}ns", "");
+    let mut judge = |what: String, (a, b): (Variant, Variant), k: f64| -> Option<f64> {
+        if !ran(a) || !ran(b) {
+            return None;
+        }
+        let d = paired_diff(results, w, (a, b), k);
+        let _ = writeln!(out, "{:<18} {what}, same round: {}", "", ns_range(&d));
+        let m = median(d);
+        verdicts.push((format!("{w}: {what} <= A/A noise"), m <= noise));
+        Some(m)
+    };
+    let over_bio =
+        judge("tracerd run's extra - biolatency's".into(), (Variant::TracerdRun, Variant::Biolatency), 1.0);
+    judge(
+        "run (cgroups)'s extra - tracerd run's".into(),
+        (Variant::TracerdRunCgroups, Variant::TracerdRun),
+        1.0,
+    );
+    for v in [Variant::TracerdSnoop, Variant::TracerdReport] {
+        judge(format!("{}'s extra - 2 x tracerd run's", v.name()), (v, Variant::TracerdRun), 2.0);
+    }
+    if let Some(d) = over_bio.filter(|&d| d > noise) {
+        account(out, results, costs, w, d);
+    }
+    verdicts
+}
+
+/// Where the agent's CPU per IO above biolatency's goes, where it is above the noise: the
+/// kernel programs' time (from the runs with stats on, which pay two clock reads per program
+/// run, so the two programs biolatency lacks are over-counted by theirs) and the daemon's own
+/// CPU at this rate; what neither accounts for is printed as such.
+fn account(out: &mut String, results: &Results, costs: &Results, w: &str, over: f64) {
+    let bpf = |v: Variant| -> Option<(f64, String)> {
+        let samples = costs.get(&(SATURATION.into(), v))?;
+        let total = median(samples.iter().filter_map(|s| s.bpf_ns_per_io).collect());
+        let mut names: Vec<&String> = samples.iter().flat_map(|s| s.bpf_by_program.keys()).collect();
+        names.sort();
+        names.dedup();
+        let parts: Vec<String> = names
+            .iter()
+            .filter_map(|n| {
+                let ns =
+                    median(samples.iter().filter_map(|s| s.bpf_by_program.get(*n)).map(|p| p.0).collect());
+                (ns >= 1.0).then(|| format!("{n} {ns:.0}"))
+            })
+            .collect();
+        Some((total, parts.join(" + ")))
+    };
+    let daemon = median(
+        results
+            .get(&(w.into(), Variant::TracerdRun))
+            .map_or(Vec::new(), |s| s.iter().filter_map(|s| s.tracer_cpu_ns_per_io).collect()),
+    );
+    let (Some((run, run_parts)), Some((bio, bio_parts))) =
+        (bpf(Variant::TracerdRun), bpf(Variant::Biolatency))
+    else {
+        let _ = writeln!(out, "{:<18} account: no BPF run-time runs to account with", "");
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "{:<18} account of the {over:.0}ns: kernel programs {:+.0}ns (with stats on, at {SATURATION}: tracerd run {run:.0} = {run_parts}; biolatency {bio:.0} = {bio_parts}), daemon {daemon:.0}ns, not accounted for {:+.0}ns",
+        "",
+        run - bio,
+        over - (run - bio) - daemon
+    );
+}
+
+/// The tables and the targets; `rest` (the soak, the records and recorder benchmarks) is absent
+/// from a fixed-rate-only run.
+fn summarize(results: &Results, costs: &Results, rest: Option<(&Soak, &str, &str)>) -> String {
     let mut out = String::new();
     let med = |v: &[Sample], f: fn(&Sample) -> Option<f64>| {
         let vals: Vec<f64> = v.iter().filter_map(f).collect();
@@ -867,7 +1041,7 @@ fn summarize(results: &Results, costs: &Results, soak: &Soak, records: &str, rec
     let mut missed = 0u64;
     for w in workloads {
         let noise = noise(results, w);
-        for v in ALL {
+        for v in ALL.into_iter().chain([Variant::NoneAgain]) {
             let Some(samples) = results.get(&(w.clone(), v)) else { continue };
             let l = losses(results, w, v);
             let (lo, hi) =
@@ -918,42 +1092,7 @@ fn summarize(results: &Results, costs: &Results, soak: &Soak, records: &str, rec
             );
         }
         if w.ends_with("% rate") {
-            // Extra CPU per IO over no tracer (medians), for each variant the row ran.
-            let extra = |v| results.contains_key(&(w.clone(), v)).then(|| cpu_extra(results, w, v));
-            let (Some((run, spread)), Some((bio, _))) =
-                (extra(Variant::TracerdRun), extra(Variant::Biolatency))
-            else {
-                continue;
-            };
-            let shown: Vec<String> = RATED[1..]
-                .iter()
-                .filter_map(|&v| extra(v).map(|(x, _)| format!("{} {x:+.0}ns", v.name())))
-                .collect();
-            let _ = writeln!(
-                out,
-                "{:<18} extra CPU per IO over no tracer (medians): {}; untraced spread {spread:.0}ns",
-                "",
-                shown.join(", ")
-            );
-            verdicts.push((
-                format!("{w}: tracerd run extra CPU/IO <= biolatency's + untraced spread"),
-                run <= bio.max(0.0) + spread,
-            ));
-            // The cgroup label and the per-IO stream are judged against the agent's own extra.
-            if let Some((cg, _)) = extra(Variant::TracerdRunCgroups) {
-                verdicts.push((
-                    format!("{w}: run (cgroups) extra CPU/IO <= tracerd run's + untraced spread"),
-                    cg <= run.max(0.0) + spread,
-                ));
-            }
-            for v in [Variant::TracerdSnoop, Variant::TracerdReport] {
-                if let Some((x, _)) = extra(v) {
-                    verdicts.push((
-                        format!("{w}: {} extra CPU/IO <= 2 x tracerd run's + untraced spread", v.name()),
-                        x <= 2.0 * run.max(0.0) + spread,
-                    ));
-                }
-            }
+            verdicts.extend(fixed_rate_lines(&mut out, results, costs, w));
         }
         if [SATURATION, TWO_SUBMITTERS, QD1].contains(&w.as_str()) {
             verdicts.push((format!("{w}: tracerd run loss <= biolatency's + noise"), run <= bio + noise));
@@ -1020,44 +1159,46 @@ fn summarize(results: &Results, costs: &Results, soak: &Soak, records: &str, rec
             }
         }
     }
-    let rss = soak.rss;
-    let (first, last, peak) = (
-        rss.first().copied().unwrap_or(0),
-        rss.last().copied().unwrap_or(0),
-        rss.iter().max().copied().unwrap_or(0),
-    );
-    let drift = if first > 0 { (last as f64 - first as f64) / first as f64 } else { f64::NAN };
-    let _ = writeln!(
-        out,
-        "\nsoak: tracerd run at saturation for {} s: lost events {} ({}), RSS first {:.1} MiB, last {:.1} MiB, peak {:.1} MiB (drift {:+.1}%)",
-        soak.seconds,
-        soak.lost,
-        reasons_text(soak.reasons),
-        first as f64 / 1024.0,
-        last as f64 / 1024.0,
-        peak as f64 / 1024.0,
-        drift * 100.0
-    );
-    let _ = writeln!(out, "{records}");
-    let _ = writeln!(out, "{recorder}");
-    missed += soak.reasons.get("missed_completion").copied().unwrap_or(0);
-    verdicts.push((format!("no missed_completion (tracerd run, bench and soak: {missed})"), missed == 0));
-    verdicts.push(("zero lost events in the soak".into(), soak.lost == 0));
-    verdicts.push(("daemon RSS under 64 MiB".into(), peak > 0 && peak < 64 * 1024));
-    verdicts.push(("RSS flat within 5% over the soak".into(), drift.abs() <= 0.05));
-    verdicts.push((
-        "decode+aggregate >= 5 M records/s".into(),
-        records.contains("met") && !records.contains("NOT met"),
-    ));
-    let line = |prefix: &str| recorder.lines().find(|l| l.starts_with(prefix)).unwrap_or_default();
-    verdicts.push((
-        "flight recorder: 8 busy devices for its whole hour within its bound".into(),
-        line("recorder: ").ends_with(": met"),
-    ));
-    verdicts.push((
-        "recorder store: a day of 8 busy devices within its default bound".into(),
-        line("recorder store: an hour").ends_with(": met"),
-    ));
+    if let Some((soak, records, recorder)) = rest {
+        let rss = soak.rss;
+        let (first, last, peak) = (
+            rss.first().copied().unwrap_or(0),
+            rss.last().copied().unwrap_or(0),
+            rss.iter().max().copied().unwrap_or(0),
+        );
+        let drift = if first > 0 { (last as f64 - first as f64) / first as f64 } else { f64::NAN };
+        let _ = writeln!(
+            out,
+            "\nsoak: tracerd run at saturation for {} s: lost events {} ({}), RSS first {:.1} MiB, last {:.1} MiB, peak {:.1} MiB (drift {:+.1}%)",
+            soak.seconds,
+            soak.lost,
+            reasons_text(soak.reasons),
+            first as f64 / 1024.0,
+            last as f64 / 1024.0,
+            peak as f64 / 1024.0,
+            drift * 100.0
+        );
+        let _ = writeln!(out, "{records}");
+        let _ = writeln!(out, "{recorder}");
+        missed += soak.reasons.get("missed_completion").copied().unwrap_or(0);
+        verdicts.push((format!("no missed_completion (tracerd run, bench and soak: {missed})"), missed == 0));
+        verdicts.push(("zero lost events in the soak".into(), soak.lost == 0));
+        verdicts.push(("daemon RSS under 64 MiB".into(), peak > 0 && peak < 64 * 1024));
+        verdicts.push(("RSS flat within 5% over the soak".into(), drift.abs() <= 0.05));
+        verdicts.push((
+            "decode+aggregate >= 5 M records/s".into(),
+            records.contains("met") && !records.contains("NOT met"),
+        ));
+        let line = |prefix: &str| recorder.lines().find(|l| l.starts_with(prefix)).unwrap_or_default();
+        verdicts.push((
+            "flight recorder: 8 busy devices for its whole hour within its bound".into(),
+            line("recorder: ").ends_with(": met"),
+        ));
+        verdicts.push((
+            "recorder store: a day of 8 busy devices within its default bound".into(),
+            line("recorder store: an hour").ends_with(": met"),
+        ));
+    }
     let _ = writeln!(out, "\ntargets:");
     for (what, ok) in verdicts {
         let _ = writeln!(out, "  {:<62} {}", what, if ok { "met" } else { "NOT met" });
@@ -1099,4 +1240,49 @@ fn to_json(results: &Results, costs: &Results, rss: &[u64], soak_lost: u64, reco
         records.replace('"', "'")
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(results: &mut Results, v: Variant, cpu: &[f64]) {
+        let samples = cpu.iter().map(|&c| Sample { cpu_ns_per_io: c, ..Sample::default() }).collect();
+        results.insert(("qd32 at 50% rate".into(), v), samples);
+    }
+
+    /// A machine that gets slower round by round: the drift is far larger than the costs, and
+    /// pairing within the round still finds them, and the A/A noise stays what it is.
+    #[test]
+    fn paired_figures_take_out_drift_between_rounds() {
+        let w = "qd32 at 50% rate";
+        let mut r = Results::new();
+        row(&mut r, Variant::None, &[5000.0, 8000.0, 11000.0]);
+        row(&mut r, Variant::NoneAgain, &[5100.0, 7900.0, 11100.0]);
+        row(&mut r, Variant::TracerdRun, &[5550.0, 8450.0, 11550.0]);
+        row(&mut r, Variant::Biolatency, &[5150.0, 8050.0, 11150.0]);
+        assert_eq!(paired_extra(&r, w, Variant::TracerdRun), vec![500.0, 500.0, 500.0]);
+        assert_eq!(aa_noise(&r, w), 100.0);
+        assert_eq!(paired_diff(&r, w, (Variant::TracerdRun, Variant::Biolatency), 1.0), vec![400.0; 3]);
+        assert_eq!(paired_diff(&r, w, (Variant::TracerdRun, Variant::Biolatency), 2.0), vec![300.0; 3]);
+        // Unpaired medians would read the drift as noise: 6000 ns between rounds.
+        let mut out = String::new();
+        let verdicts = fixed_rate_lines(&mut out, &r, &Results::new(), w);
+        assert_eq!(verdicts.len(), 1, "{verdicts:?}");
+        assert!(!verdicts[0].1, "400 ns over biolatency with 100 ns of noise is not met:\n{out}");
+        assert!(out.contains("account: no BPF run-time runs"), "{out}");
+    }
+
+    #[test]
+    fn a_cost_within_the_noise_is_met() {
+        let w = "qd32 at 50% rate";
+        let mut r = Results::new();
+        row(&mut r, Variant::None, &[5000.0, 5200.0, 4900.0]);
+        row(&mut r, Variant::NoneAgain, &[5200.0, 5000.0, 5100.0]);
+        row(&mut r, Variant::TracerdRun, &[5250.0, 5250.0, 5100.0]);
+        row(&mut r, Variant::Biolatency, &[5200.0, 5150.0, 5050.0]);
+        let mut out = String::new();
+        let verdicts = fixed_rate_lines(&mut out, &r, &Results::new(), w);
+        assert_eq!(verdicts, vec![(format!("{w}: tracerd run's extra - biolatency's <= A/A noise"), true)]);
+    }
 }
