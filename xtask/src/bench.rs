@@ -1094,11 +1094,13 @@ fn summarize(results: &Results, costs: &Results, rest: Option<(&Soak, &str, &str
         if w.ends_with("% rate") {
             verdicts.extend(fixed_rate_lines(&mut out, results, costs, w));
         }
-        if [SATURATION, TWO_SUBMITTERS, QD1].contains(&w.as_str()) {
+        // A fixed-rate-only run has the untraced saturated runs alone: nothing to judge there.
+        let ran = |v: Variant| results.contains_key(&(w.clone(), v));
+        if [SATURATION, TWO_SUBMITTERS, QD1].contains(&w.as_str()) && ran(Variant::TracerdRun) {
             verdicts.push((format!("{w}: tracerd run loss <= biolatency's + noise"), run <= bio + noise));
         }
         if w == SATURATION {
-            for v in [Variant::TracerdSnoop, Variant::TracerdReport] {
+            for v in [Variant::TracerdSnoop, Variant::TracerdReport].into_iter().filter(|&v| ran(v)) {
                 let l = loss(v);
                 verdicts.push((
                     format!("{w}: {} loss <= 2 x biolatency's + noise", v.name()),
