@@ -83,20 +83,27 @@ fn rfc3339(unix_s: u64) -> String {
 
 /// Three agents in turn on one store: the first stopped (SIGTERM), the second killed
 /// (SIGKILL). The third's `report --from T0 --to T2` counts every read of all three exactly,
-/// and marks the two gaps. A copy of the store reads the same offline, as nobody; damaged and
-/// unfinished records in it are skipped and counted, by `report` and by an agent.
+/// and marks the two gaps. The slowest IOs of a device only the first agent saw IO on are
+/// reported after it, exactly as it served them. A copy of the store reads the same offline,
+/// as nobody; damaged and unfinished records in it are skipped and counted, by `report` and by
+/// an agent.
 #[test]
 fn history_across_a_stop_and_a_kill_is_reported_whole_with_its_gaps() {
     require_root();
-    let dev = LoopDevice::new(16);
+    let (dev, early) = (LoopDevice::new(16), LoopDevice::new(16));
     let tmp = TempDir::new();
     let store = tmp.0.join("store");
-    let agent_on = |store: &Path| Tracerd::run(&["--store", store.to_str().unwrap(), "--device", &dev.name]);
+    let agent_on = |store: &Path| {
+        Tracerd::run(&["--store", store.to_str().unwrap(), "--device", &dev.name, "--device", &early.name])
+    };
     let t0 = now();
 
     let mut first = agent_on(&store);
     reads(100).run(&dev);
+    reads(20).run(&early);
     recorded(&first, &dev.name, 100);
+    let served = recorded(&first, &early.name, 20)["slowest"].clone();
+    assert!(served.as_array().is_some_and(|m| !m.is_empty()), "the first agent kept slow IOs: {served:#}");
     assert!(first.stop(libc::SIGTERM).success(), "{}", first.stderr_text());
 
     let mut second = agent_on(&store);
@@ -122,6 +129,11 @@ fn history_across_a_stop_and_a_kill_is_reported_whole_with_its_gaps() {
     let (_, text, _) =
         tracerd_output(&["report", "--since", "10m", "--socket", &socket, "--device", &dev.name]);
     assert_eq!(text.matches("gap: no agent ran from ").count(), 2, "{text}");
+    // The slowest IOs of the device only the first agent saw IO on: from the store, as served.
+    let slowest = |r: &Value| r["slowest"].clone();
+    let later =
+        report(&["--from", &from, "--to", &to, "--socket", &socket, "--device", &early.name]).unwrap();
+    assert_eq!(slowest(&later), served, "the first agent's slowest IOs, read back after two restarts");
     drop(third);
 
     // A copy, read as nobody without an agent.
@@ -155,6 +167,11 @@ fn history_across_a_stop_and_a_kill_is_reported_whole_with_its_gaps() {
         offline["from_agent"]
     );
     assert!(offline["from_agent"]["store"].is_string(), "{:#}", offline["from_agent"]);
+    let (ok, out, err) =
+        as_nobody(&["report", "--json", "--store", copy.to_str().unwrap(), "--device", &early.name]);
+    assert!(ok, "{err}");
+    let offline_early: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(slowest(&offline_early), served, "the slowest IOs, offline");
 
     // Damage in the middle of the first segment, and an unfinished record at the end of the
     // last: both skipped and said, never a crash or a wrong count.

@@ -10,15 +10,17 @@
 //! `TRACERD\0`, format version as u32 LE, 4 reserved bytes) and then records:
 //! `len: u32 LE | crc32: u32 LE | kind: u8 | payload`, where `len` counts kind and payload and
 //! the CRC-32 (IEEE) covers them. Kinds: a frame (start ms, end ms, both u64 LE, then the
-//! frame's encoded bytes), the devices the following frames name (JSON), and an agent's start
-//! (JSON), which marks a gap in the history.
+//! frame's encoded bytes), the devices the following frames name (JSON), an agent's start
+//! (JSON), which marks a gap in the history, and (from format 2) a device's slowest IOs of one
+//! minute (the minute's start in Unix seconds, u64 LE, then JSON).
 //!
 //! Crash safety: every frame is written with one write(2) as it is sealed, so a killed agent
 //! loses only the frame it was filling; the file is synced (fdatasync) every `sync_every`, so
 //! power loss loses at most that much. A record cut short by a crash (a torn tail) is cut off
 //! when the agent opens the store again; a damaged record elsewhere is skipped up to the next
-//! record that checks. Both are counted, never read as data. A segment of another format
-//! version is refused by name.
+//! record that checks. Both are counted, never read as data. A segment of format 1 is read
+//! (it has no slowest IOs) and an agent writes on in a new segment; a segment of a format this
+//! tracerd does not know is refused by name.
 
 use std::{
     collections::{BTreeMap, HashSet},
@@ -32,10 +34,12 @@ use std::{
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::model::{recorder::Frame, topology::Device};
+use crate::model::{recorder::Frame, slowest::SlowMinute, topology::Device};
 
-/// The format this tracerd writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format this tracerd writes.
+pub const FORMAT_VERSION: u32 = 2;
+/// The formats it reads: 1 is 2 without the slowest IOs.
+const OLDEST_READABLE: u32 = 1;
 const MAGIC: &[u8; 8] = b"TRACERD\0";
 const HEADER_LEN: u64 = 16;
 /// len + crc + kind.
@@ -45,6 +49,8 @@ const MAX_RECORD: u32 = 64 << 20;
 const KIND_FRAME: u8 = 1;
 const KIND_DEVICES: u8 = 2;
 const KIND_START: u8 = 3;
+/// From format 2.
+const KIND_SLOW: u8 = 4;
 const SEGMENT_SPAN_MS: u64 = 3_600_000;
 
 /// Where the store is and how much it keeps (config `[store]`).
@@ -93,6 +99,9 @@ pub struct Start {
 pub struct StoreHealth {
     /// Frames kept in memory but not written, because a write failed (a full disk).
     pub frames_not_stored: u64,
+    /// Minutes of a device's slowest IOs not written, because a write failed.
+    #[serde(default)]
+    pub slow_minutes_not_stored: u64,
     pub write_errors: u64,
     /// The last write error, while writes fail.
     pub failing: Option<String>,
@@ -114,11 +123,94 @@ struct Entry {
     len: u32,
 }
 
+/// One device's minute of slowest IOs, on disk.
+#[derive(Clone, Copy, Debug)]
+struct SlowEntry {
+    minute_unix_s: u64,
+    offset: u64,
+    len: u32,
+}
+
 #[derive(Debug)]
 struct Segment {
     path: PathBuf,
+    version: u32,
     bytes: u64,
     frames: Vec<Entry>,
+    slow: Vec<SlowEntry>,
+}
+
+/// Records to read, planned from the index: each segment's file, opened while the index was
+/// read (so a segment removed since is still read whole), with the records' places. The
+/// agent plans under the recorder's lock and reads outside it.
+#[derive(Debug, Default)]
+pub struct Reads {
+    kind: u8,
+    files: Vec<(File, Vec<(u64, u32)>)>,
+    /// Records whose segment could not be opened.
+    unopened: u64,
+}
+
+/// Records a read found damaged: counted into the store's health by `Store::count_unreadable`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Unreadable {
+    pub records: u64,
+    pub bytes: u64,
+}
+
+impl Reads {
+    /// The payloads that check, in order.
+    fn payloads(self) -> (Vec<Vec<u8>>, Unreadable) {
+        let mut bad = Unreadable { records: self.unopened, bytes: 0 };
+        let mut out = Vec::new();
+        for (file, places) in self.files {
+            for (offset, len) in places {
+                let mut record = vec![0; RECORD_HEAD + len as usize];
+                let read = file.read_exact_at(&mut record, offset).ok().and_then(|()| record_at(&record, 0));
+                match read {
+                    // The length the index took: a record that changed since is damage.
+                    Some((kind, payload)) if kind == self.kind && payload.len() == len as usize => {
+                        out.push(payload.to_vec())
+                    }
+                    _ => {
+                        bad.records += 1;
+                        bad.bytes += record.len() as u64;
+                    }
+                }
+            }
+        }
+        (out, bad)
+    }
+
+    /// The frames, in time order.
+    pub fn frames(self) -> (Vec<Frame>, Unreadable) {
+        let (payloads, bad) = self.payloads();
+        let frames = payloads
+            .into_iter()
+            .map(|p| {
+                let start_ms = u64::from_le_bytes(p[..8].try_into().unwrap());
+                let end_ms = u64::from_le_bytes(p[8..16].try_into().unwrap());
+                Frame::from_parts(start_ms, end_ms, p[16..].into())
+            })
+            .collect();
+        (frames, bad)
+    }
+
+    /// The minutes of slowest IOs; one whose JSON does not parse counts as damaged.
+    pub fn slow_minutes(self) -> (Vec<SlowMinute>, Unreadable) {
+        let (payloads, mut bad) = self.payloads();
+        let mut out = Vec::new();
+        for p in payloads {
+            match serde_json::from_slice::<SlowMinute>(&p[8..]) {
+                Ok(m) => out.push(m),
+                Err(_) => {
+                    bad.records += 1;
+                    bad.bytes += (RECORD_HEAD + p.len()) as u64;
+                }
+            }
+        }
+        (out, bad)
+    }
 }
 
 /// The open segment the agent appends to.
@@ -134,7 +226,41 @@ struct Writer {
     /// The end of the newest frame known synced.
     durable_to_ms: u64,
     written_to_ms: u64,
+    syncer: Syncer,
     _lock: File,
+}
+
+/// Syncs what was written on a thread of its own: an fdatasync on a slow disk can take
+/// long, and the agent writes from its main task.
+#[derive(Debug)]
+struct Syncer {
+    /// A descriptor of the file to sync, and the end of the newest frame it holds.
+    requests: std::sync::mpsc::Sender<(File, u64)>,
+    /// The end of the newest frame synced, and the last sync's error, not yet counted.
+    done: std::sync::Arc<std::sync::Mutex<(u64, Option<String>)>>,
+}
+
+impl Syncer {
+    fn start(durable_to_ms: u64) -> Result<Syncer> {
+        let (requests, rx) = std::sync::mpsc::channel::<(File, u64)>();
+        let done = std::sync::Arc::new(std::sync::Mutex::new((durable_to_ms, None)));
+        let shared = done.clone();
+        // Ends when the store is dropped (its sender with it).
+        std::thread::Builder::new()
+            .name("tracerd-store-sync".into())
+            .spawn(move || {
+                for (file, to_ms) in rx {
+                    let r = file.sync_data();
+                    let mut d = shared.lock().unwrap_or_else(|e| e.into_inner());
+                    match r {
+                        Ok(()) => d.0 = d.0.max(to_ms),
+                        Err(e) => d.1 = Some(e.to_string()),
+                    }
+                }
+            })
+            .context("cannot start the recorder store's sync thread")?;
+        Ok(Syncer { requests, done })
+    }
 }
 
 /// A store opened to read (`report --store`) or to write (the agent).
@@ -168,14 +294,16 @@ impl Store {
         let mut store = Store::scan(limits, true)?;
         store.remove_old();
         let (segment, file) = store.segment_for_writing(None)?;
+        let durable_to_ms = store.span().map_or(0, |s| s.1);
         store.writer = Some(Writer {
             file,
             segment,
             devices: HashSet::new(),
             synced: Instant::now(),
             dirty: false,
-            durable_to_ms: store.span().map_or(0, |s| s.1),
-            written_to_ms: store.span().map_or(0, |s| s.1),
+            durable_to_ms,
+            written_to_ms: durable_to_ms,
+            syncer: Syncer::start(durable_to_ms)?,
             _lock: lock,
         });
         Ok(store)
@@ -238,15 +366,16 @@ impl Store {
             return Ok(());
         }
         let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
-        if version != FORMAT_VERSION {
+        if !(OLDEST_READABLE..=FORMAT_VERSION).contains(&version) {
             bail!(
-                "{}: written in store format {version}, and this tracerd ({}) reads format {FORMAT_VERSION}: \
+                "{}: written in store format {version}, and this tracerd ({}) reads formats {OLDEST_READABLE} to {FORMAT_VERSION}: \
                  read it with a tracerd of that format, or move the store aside (or set [store] path) to start a new one",
                 path.display(),
                 env!("CARGO_PKG_VERSION")
             );
         }
-        let mut segment = Segment { path, bytes: bytes.len() as u64, frames: Vec::new() };
+        let mut segment =
+            Segment { path, version, bytes: bytes.len() as u64, frames: Vec::new(), slow: Vec::new() };
         let mut at = HEADER_LEN as usize;
         while at < bytes.len() {
             match record_at(&bytes, at) {
@@ -270,10 +399,16 @@ impl Store {
                         }
                         None => {
                             self.health.torn_tails += 1;
+                            // The agent cuts off what its predecessor left; a reader may
+                            // also meet the record an agent is writing at this moment.
+                            let why = if cut_tail {
+                                "the agent stopped mid-write; cut off"
+                            } else {
+                                "an agent is writing it now, or stopped mid-write"
+                            };
                             tracing::warn!(
-                                "{}: the last {skipped} bytes are an unfinished record (the agent stopped mid-write){}",
-                                segment.path.display(),
-                                if cut_tail { "; cut off" } else { "" }
+                                "{}: the last {skipped} bytes are an unfinished record ({why})",
+                                segment.path.display()
                             );
                             if cut_tail {
                                 let f = OpenOptions::new().write(true).open(&segment.path)?;
@@ -312,6 +447,12 @@ impl Store {
                 }
                 Err(_) => false,
             },
+            // Parsed when read: a window reads few of them.
+            KIND_SLOW if segment.version >= 2 && payload.len() >= 8 => {
+                let minute_unix_s = u64::from_le_bytes(payload[..8].try_into().unwrap());
+                segment.slow.push(SlowEntry { minute_unix_s, offset: at as u64, len: payload.len() as u32 });
+                true
+            }
             // A kind this version does not know: a newer writer would have changed the version.
             _ => false,
         };
@@ -325,7 +466,9 @@ impl Store {
     fn segment_for_writing(&mut self, start_ms: Option<u64>) -> Result<(usize, File)> {
         if let Some(last) = self.segments.last() {
             let first = last.frames.first().map(|e| e.start_ms);
-            let fits = last.bytes < self.limits.segment_bytes()
+            // A segment of an older format is read, never written to.
+            let fits = last.version == FORMAT_VERSION
+                && last.bytes < self.limits.segment_bytes()
                 && match (first, start_ms) {
                     (Some(f), Some(s)) => s < f + SEGMENT_SPAN_MS,
                     _ => true,
@@ -355,7 +498,13 @@ impl Store {
         header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
         header.extend_from_slice(&[0; 4]);
         file.write_all(&header).with_context(|| format!("cannot write {}", path.display()))?;
-        self.segments.push(Segment { path, bytes: HEADER_LEN, frames: Vec::new() });
+        self.segments.push(Segment {
+            path,
+            version: FORMAT_VERSION,
+            bytes: HEADER_LEN,
+            frames: Vec::new(),
+            slow: Vec::new(),
+        });
         Ok((self.segments.len() - 1, file))
     }
 
@@ -371,6 +520,7 @@ impl Store {
     /// A failed write (a full disk) is counted and warned of once; the next frame tries again.
     pub fn append(&mut self, frame: &Frame, devices: &[Device]) {
         if let Err(e) = self.rotate(frame.start_ms) {
+            self.health.frames_not_stored += 1;
             self.failed(e);
             return;
         }
@@ -379,6 +529,7 @@ impl Store {
         if !new.is_empty() {
             let payload = serde_json::to_vec(&new).expect("devices encode");
             if let Err(e) = self.write(KIND_DEVICES, &payload) {
+                self.health.frames_not_stored += 1;
                 self.failed(e);
                 return;
             }
@@ -413,12 +564,36 @@ impl Store {
                     self.sync();
                 }
             }
-            Err(e) => self.failed(e),
+            Err(e) => {
+                self.health.frames_not_stored += 1;
+                self.failed(e);
+            }
+        }
+    }
+
+    /// Writes minutes of the slowest IOs as the agent files them. A failed write is counted
+    /// and warned of as a frame's is.
+    pub fn append_slow(&mut self, minutes: &[SlowMinute]) {
+        for m in minutes {
+            let mut payload = m.minute_unix_s.to_le_bytes().to_vec();
+            payload.extend(serde_json::to_vec(m).expect("a slow minute encodes"));
+            match self.write(KIND_SLOW, &payload) {
+                Ok(offset) => {
+                    let w = self.writer.as_mut().expect("a store opened to write");
+                    w.dirty = true;
+                    let entry =
+                        SlowEntry { minute_unix_s: m.minute_unix_s, offset, len: payload.len() as u32 };
+                    self.segments[w.segment].slow.push(entry);
+                }
+                Err(e) => {
+                    self.health.slow_minutes_not_stored += 1;
+                    self.failed(e);
+                }
+            }
         }
     }
 
     fn failed(&mut self, e: anyhow::Error) {
-        self.health.frames_not_stored += 1;
         self.health.write_errors += 1;
         let e = format!("{e:#}");
         if self.health.failing.is_none() {
@@ -431,22 +606,54 @@ impl Store {
         self.health.failing = Some(e);
     }
 
-    /// Syncs what was written: frames up to `durable_to_ms` survive power loss.
+    /// Has what was written synced, on the sync thread: once it is done, the frames written
+    /// so far survive power loss. A sync that failed since the last call is counted now.
     pub fn sync(&mut self) {
+        self.collect_synced();
         let Some(w) = self.writer.as_mut() else { return };
         if !w.dirty {
             return;
         }
+        (w.dirty, w.synced) = (false, Instant::now());
+        let to_ms = w.written_to_ms;
+        match w.file.try_clone() {
+            Ok(file) => {
+                // The thread is gone only if it panicked: sync here instead.
+                if let Err(std::sync::mpsc::SendError((file, _))) = w.syncer.requests.send((file, to_ms)) {
+                    match file.sync_data() {
+                        Ok(()) => w.durable_to_ms = to_ms,
+                        Err(e) => self.failed(anyhow::Error::new(e).context("fdatasync")),
+                    }
+                }
+            }
+            Err(e) => self.failed(anyhow::Error::new(e).context("fdatasync")),
+        }
+    }
+
+    /// Syncs on this thread: before a segment is left for a new one, and when the store closes.
+    fn sync_now(&mut self) {
+        self.collect_synced();
+        let Some(w) = self.writer.as_mut() else { return };
+        if !w.dirty {
+            return;
+        }
+        (w.dirty, w.synced) = (false, Instant::now());
         match w.file.sync_data() {
-            Ok(()) => {
-                w.durable_to_ms = w.written_to_ms;
-                w.dirty = false;
-                w.synced = Instant::now();
-            }
-            Err(e) => {
-                w.synced = Instant::now();
-                self.failed(anyhow::Error::new(e).context("fdatasync"));
-            }
+            Ok(()) => w.durable_to_ms = w.written_to_ms,
+            Err(e) => self.failed(anyhow::Error::new(e).context("fdatasync")),
+        }
+    }
+
+    /// What the sync thread has done: the newest frame it made durable, and an error to count.
+    fn collect_synced(&mut self) {
+        let Some(w) = self.writer.as_mut() else { return };
+        let (to_ms, error) = {
+            let mut d = w.syncer.done.lock().unwrap_or_else(|e| e.into_inner());
+            (d.0, d.1.take())
+        };
+        w.durable_to_ms = w.durable_to_ms.max(to_ms);
+        if let Some(e) = error {
+            self.failed(anyhow::anyhow!(e).context("fdatasync"));
         }
     }
 
@@ -476,7 +683,7 @@ impl Store {
         if seg.bytes < self.limits.segment_bytes() && start_ms < first + SEGMENT_SPAN_MS {
             return Ok(());
         }
-        self.sync();
+        self.sync_now();
         let (segment, file) = self.segment_for_writing(Some(start_ms))?;
         let w = self.writer.as_mut().expect("a store opened to write");
         (w.segment, w.file, w.devices) = (segment, file, HashSet::new());
@@ -531,7 +738,8 @@ impl Store {
 
     /// The end of the newest frame synced to the disk.
     pub fn durable_to_ms(&self) -> Option<u64> {
-        self.writer.as_ref().map(|w| w.durable_to_ms)
+        let w = self.writer.as_ref()?;
+        Some(w.durable_to_ms.max(w.syncer.done.lock().unwrap_or_else(|e| e.into_inner()).0))
     }
 
     /// The newest agent start the store records (its kernel and host name the history).
@@ -547,33 +755,54 @@ impl Store {
     /// The frames that overlap `[from_ms, to_ms)`, read from disk. A frame that no longer
     /// checks is counted and left out.
     pub fn frames(&mut self, from_ms: u64, to_ms: u64) -> Vec<Frame> {
-        let mut out = Vec::new();
+        let (frames, bad) = self.plan_frames(from_ms, to_ms).frames();
+        self.count_unreadable(bad);
+        frames
+    }
+
+    /// The frames that overlap `[from_ms, to_ms)`, to read later.
+    pub fn plan_frames(&self, from_ms: u64, to_ms: u64) -> Reads {
+        self.plan(KIND_FRAME, |seg| {
+            seg.frames
+                .iter()
+                .filter(|e| e.end_ms > from_ms && e.start_ms < to_ms)
+                .map(|e| (e.offset, e.len))
+                .collect()
+        })
+    }
+
+    /// The minutes of slowest IOs that overlap `[from_unix_s, to_unix_s)`, to read later.
+    pub fn plan_slow(&self, from_unix_s: f64, to_unix_s: f64) -> Reads {
+        self.plan(KIND_SLOW, |seg| {
+            seg.slow
+                .iter()
+                .filter(|e| {
+                    (e.minute_unix_s + 60) as f64 > from_unix_s && (e.minute_unix_s as f64) < to_unix_s
+                })
+                .map(|e| (e.offset, e.len))
+                .collect()
+        })
+    }
+
+    fn plan(&self, kind: u8, wanted: impl Fn(&Segment) -> Vec<(u64, u32)>) -> Reads {
+        let mut reads = Reads { kind, ..Default::default() };
         for seg in &self.segments {
-            let entries: Vec<&Entry> =
-                seg.frames.iter().filter(|e| e.end_ms > from_ms && e.start_ms < to_ms).collect();
-            if entries.is_empty() {
+            let places = wanted(seg);
+            if places.is_empty() {
                 continue;
             }
-            let Ok(file) = File::open(&seg.path) else {
-                self.health.damaged_records += entries.len() as u64;
-                continue;
-            };
-            for e in entries {
-                let mut record = vec![0; RECORD_HEAD + e.len as usize];
-                let read =
-                    file.read_exact_at(&mut record, e.offset).ok().and_then(|()| record_at(&record, 0));
-                match read {
-                    Some((KIND_FRAME, payload)) => {
-                        out.push(Frame::from_parts(e.start_ms, e.end_ms, payload[16..].into()))
-                    }
-                    _ => {
-                        self.health.damaged_records += 1;
-                        self.health.unreadable_bytes += record.len() as u64;
-                    }
-                }
+            match File::open(&seg.path) {
+                Ok(file) => reads.files.push((file, places)),
+                Err(_) => reads.unopened += places.len() as u64,
             }
         }
-        out
+        reads
+    }
+
+    /// Counts what a read found damaged.
+    pub fn count_unreadable(&mut self, bad: Unreadable) {
+        self.health.damaged_records += bad.records;
+        self.health.unreadable_bytes += bad.bytes;
     }
 
     /// The stretches inside `[from_ms, to_ms)` with no frame because no agent ran: from the
@@ -596,7 +825,7 @@ impl Store {
 
 impl Drop for Store {
     fn drop(&mut self) {
-        self.sync();
+        self.sync_now();
     }
 }
 
@@ -759,12 +988,99 @@ mod tests {
         let path = s.segments[0].path.clone();
         drop(s);
         let mut bytes = std::fs::read(&path).unwrap();
-        bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+        bytes[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
         std::fs::write(&path, &bytes).unwrap();
         let e = format!("{:#}", Store::open_read_only(&d).unwrap_err());
-        assert!(e.contains("written in store format 2") && e.contains("reads format 1"), "{e}");
+        let reads = format!("reads formats 1 to {FORMAT_VERSION}");
+        assert!(
+            e.contains(&format!("written in store format {}", FORMAT_VERSION + 1)) && e.contains(&reads),
+            "{e}"
+        );
         let e = format!("{:#}", Store::open(limits(&d)).unwrap_err());
         assert!(e.contains("move the store aside"), "{e}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A store of format 1 (before the slowest IOs were kept): its frames are read, a record of
+    /// a kind format 1 never had is damage there, and an agent writes on in a new segment.
+    #[test]
+    fn a_format_1_store_is_read_and_written_on_in_a_new_segment() {
+        let d = dir();
+        let mut s = Store::open(limits(&d)).unwrap();
+        s.start(start(0));
+        s.append(&frame(0, 3), &[device()]);
+        s.append_slow(&[slow_minute(0, 50_000)]);
+        let path = s.segments[0].path.clone();
+        drop(s);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let mut s = Store::open(limits(&d)).unwrap();
+        assert_eq!(s.health.damaged_records, 1, "a slow record in format 1 is not data");
+        assert_eq!(requests(&s.frames(0, u64::MAX)), 3);
+        s.append(&frame(1000, 4), &[device()]);
+        s.append_slow(&[slow_minute(60, 70_000)]);
+        assert_eq!(s.segment_count(), 2, "format 1 is never appended to");
+        drop(s);
+        let mut s = Store::open_read_only(&d).unwrap();
+        assert_eq!(requests(&s.frames(0, u64::MAX)), 7);
+        let (slow, bad) = s.plan_slow(0.0, 1e12).slow_minutes();
+        assert_eq!((slow.len(), slow[0].ios[0].took_ns, bad), (1, 70_000, Unreadable::default()));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    fn slow_minute(minute_unix_s: u64, took_ns: u64) -> SlowMinute {
+        let io = serde_json::value::to_raw_value(&serde_json::json!({ "took": took_ns })).unwrap();
+        SlowMinute {
+            device: "loop7".into(),
+            minute_unix_s,
+            ios: vec![crate::model::slowest::SlowIo { took_ns, io }],
+        }
+    }
+
+    #[test]
+    fn slowest_minutes_read_back_by_window_and_their_damage_is_counted() {
+        let d = dir();
+        let mut s = Store::open(limits(&d)).unwrap();
+        s.append(&frame(0, 1), &[device()]);
+        for m in 0..5 {
+            s.append_slow(&[slow_minute(m * 60, 10_000 + m)]);
+        }
+        let third = s.segments[0].slow[2];
+        let path = s.segments[0].path.clone();
+        drop(s);
+        let mut s = Store::open_read_only(&d).unwrap();
+        let (slow, _) = s.plan_slow(90.0, 180.0).slow_minutes();
+        let minutes: Vec<u64> = slow.iter().map(|m| m.minute_unix_s).collect();
+        assert_eq!(minutes, vec![60, 120], "the minutes that overlap [90, 180)");
+        // Damage after the store was opened: found by the read, counted, never returned.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[third.offset as usize + RECORD_HEAD + 10] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        let (slow, bad) = s.plan_slow(0.0, 1e12).slow_minutes();
+        assert_eq!((slow.len(), bad.records), (4, 1));
+        s.count_unreadable(bad);
+        assert_eq!(s.health.damaged_records, 1);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Syncs run on the store's thread: what was written becomes durable without the writer
+    /// waiting, and a store closed syncs the rest itself.
+    #[test]
+    fn frames_become_durable_on_the_sync_thread() {
+        let d = dir();
+        let mut l = limits(&d);
+        l.sync_every = Duration::from_millis(1);
+        let mut s = Store::open(l).unwrap();
+        s.append(&frame(0, 1), &[device()]);
+        std::thread::sleep(Duration::from_millis(5));
+        s.append(&frame(1000, 1), &[device()]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while s.durable_to_ms() != Some(2000) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(s.durable_to_ms(), Some(2000));
+        assert_eq!(s.health.write_errors, 0);
         std::fs::remove_dir_all(&d).unwrap();
     }
 

@@ -867,8 +867,8 @@ pub async fn report(
         if view.by_qd {
             anyhow::bail!("{BY_QD_NEEDS_RECORDS}");
         }
-        let w = store_window(dir, attach.source, view.by_cgroup.is_some())?;
-        return window_report(w, view, save, &selection, Origin::Store(dir), false)?.print(view);
+        let (w, slowest) = store_window(dir, attach.source, view.by_cgroup.is_some())?;
+        return window_report(w, view, save, &selection, Origin::Store(dir), Some(slowest))?.print(view);
     }
     match attach.source {
         Source::Window { from_unix_s, to_unix_s } => {
@@ -1003,10 +1003,14 @@ pub fn window(socket: &Path, from_unix_s: f64, to_unix_s: f64, by_cgroup: bool) 
     Ok(w)
 }
 
-/// A window of a store read offline (`report --store`): the window asked, or all of it.
-/// An empty one is an error that says what the store holds.
-fn store_window(dir: &Path, source: Source, by_cgroup: bool) -> Result<api::WindowAnswer> {
-    let store = crate::store::Store::open_read_only(dir)?;
+/// A window of a store read offline (`report --store`): the window asked, or all of it, and
+/// the slowest IOs of its minutes. An empty one is an error that says what the store holds.
+fn store_window(
+    dir: &Path,
+    source: Source,
+    by_cgroup: bool,
+) -> Result<(api::WindowAnswer, Vec<crate::model::slowest::SlowMinute>)> {
+    let mut store = crate::store::Store::open_read_only(dir)?;
     let Some((first, last)) = store.span() else {
         anyhow::bail!("the store {} holds no frame", dir.display());
     };
@@ -1016,6 +1020,8 @@ fn store_window(dir: &Path, source: Source, by_cgroup: bool) -> Result<api::Wind
     };
     let (kernel, host) =
         store.newest_start().map_or_else(Default::default, |s| (s.kernel.clone(), s.host.clone()));
+    let (slowest, bad) = store.plan_slow(from, to).slow_minutes();
+    store.count_unreadable(bad);
     let mut recorder = crate::model::recorder::Recorder::default();
     recorder.store = Some(store);
     let window = recorder.window(api::window_ms(from), api::window_ms(to));
@@ -1029,7 +1035,9 @@ fn store_window(dir: &Path, source: Source, by_cgroup: bool) -> Result<api::Wind
             units::rfc3339(last as f64 / 1e3)
         );
     }
-    api::window_answer(&window, from, by_cgroup, kernel, host).map_err(|e| anyhow::anyhow!(e))
+    let answer =
+        api::window_answer(&window, from, by_cgroup, kernel, host).map_err(|e| anyhow::anyhow!(e))?;
+    Ok((answer, crate::model::slowest::merge(slowest)))
 }
 
 /// `report --duration` beside a running agent: waits as long, then asks its recorder for the
@@ -1112,7 +1120,7 @@ async fn intervals_from_agent(
         let request = api::Request::Window { from_unix_s: from, to_unix_s: until, by_cgroup: false };
         let w: api::WindowAnswer = api::call(socket, &request, "window")?;
         from = if w.frames > 0 { w.to_unix_s } else { until + resolution / 2.0 };
-        window_report(w, view, None, selection, Origin::Agent(socket), false)?.print_interval(view)?;
+        window_report(w, view, None, selection, Origin::Agent(socket), None)?.print_interval(view)?;
         shown += 1;
         if every.count == Some(shown) {
             return Ok(());
@@ -1223,25 +1231,27 @@ fn show_window(
     selection: &Selection,
     socket: &Path,
 ) -> Result<()> {
-    window_report(w, view, save, selection, Origin::Agent(socket), true)?.print(view)
+    let request = api::Request::Slowest { from_unix_s: w.from_unix_s, to_unix_s: w.to_unix_s };
+    let slowest = api::call(socket, &request, "slowest")?;
+    window_report(w, view, save, selection, Origin::Agent(socket), Some(slowest))?.print(view)
 }
 
 /// A window of the agent's recorder as a report of the devices selected (`top`), per cgroup
 /// too when the window has them.
 pub fn window_report_for(w: api::WindowAnswer, selection: &Selection, socket: &Path) -> Result<Report> {
     let by_cgroup = (!w.by_cgroup.is_empty()).then_some(LabelForm::Path);
-    window_report(w, View { by_cgroup, ..View::default() }, None, selection, Origin::Agent(socket), false)
+    window_report(w, View { by_cgroup, ..View::default() }, None, selection, Origin::Agent(socket), None)
 }
 
 /// A window of the agent's recorder (or a store) as a report of the devices selected (and
-/// saved), with their slowest IOs of the window's minutes when an agent answers.
+/// saved), with their slowest IOs of the window's minutes where they were asked for.
 fn window_report(
     w: api::WindowAnswer,
     view: View,
     save: Option<&Path>,
     selection: &Selection,
     origin: Origin,
-    slowest: bool,
+    slowest: Option<Vec<crate::model::slowest::SlowMinute>>,
 ) -> Result<Report> {
     let mut capture = w.capture;
     select_devices(&mut capture, selection)?;
@@ -1263,10 +1273,8 @@ fn window_report(
         }
         report = report.with_cgroups(&aggs, &topo, view.hist);
     }
-    if let (Origin::Agent(socket), true) = (origin, slowest) {
-        let request = api::Request::Slowest { from_unix_s: w.from_unix_s, to_unix_s: w.to_unix_s };
+    if let Some(slowest) = slowest {
         let shown: Vec<&str> = capture.devices.iter().map(|d| d.device.as_str()).collect();
-        let slowest: Vec<crate::model::slowest::SlowMinute> = api::call(socket, &request, "slowest")?;
         report.slowest = slowest.into_iter().filter(|m| shown.contains(&m.device.as_str())).collect();
     }
     let (socket, store) = match origin {

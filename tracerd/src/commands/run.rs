@@ -228,7 +228,8 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
                 for of in wants_cgroup_series.borrow_mut().drain() {
                     session.tracer.give_cgroup_series(of)?;
                 }
-                shared.slowest.lock().unwrap_or_else(|e| e.into_inner()).tick(unix_ms());
+                let filed = shared.slowest.lock().unwrap_or_else(|e| e.into_inner()).tick(unix_ms());
+                store_slow(&shared, &filed);
                 set_slow_bars(&mut session, &shared)?;
                 if ticks.is_multiple_of((stale_after.as_secs() / 4).clamp(1, SWEEP_EVERY)) {
                     session.sweep(stale_after)?;
@@ -326,6 +327,9 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
         if now > frame_start {
             seal_frame(&shared, &frame, &session.topo, (frame_start, now), &lost.since(&frame_lost));
         }
+        // This minute's slowest so far: the next agent's part of the minute joins them.
+        let current = shared.slowest.lock().unwrap_or_else(|e| e.into_inner()).current();
+        store_slow(&shared, &current);
         if aggregation == Aggregation::Check {
             let topo = session.topo.clone();
             check.borrow().verdict(|d| topo.name_of(d))?;
@@ -334,6 +338,16 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
     tracing::info!("shutting down: detaching every program");
     drop(session);
     Ok(())
+}
+
+/// Writes filed minutes of the slowest IOs to the recorder's store, when it keeps one.
+fn store_slow(shared: &api::Shared, minutes: &[crate::model::slowest::SlowMinute]) {
+    if minutes.is_empty() {
+        return;
+    }
+    if let Some(store) = &mut shared.recorder.lock().unwrap_or_else(|e| e.into_inner()).store {
+        store.append_slow(minutes);
+    }
 }
 
 /// Seals the frame being filled, `[start_ms, end_ms)`, into the recorder (and its store), and
@@ -359,6 +373,7 @@ fn seal_frame(
             bytes: st.bytes(),
             max_bytes: st.limits.max_bytes,
             frames_not_stored: st.health.frames_not_stored,
+            slow_minutes_not_stored: st.health.slow_minutes_not_stored,
             write_errors: st.health.write_errors,
             damaged_records: st.health.damaged_records,
             torn_tails: st.health.torn_tails,

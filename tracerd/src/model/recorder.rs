@@ -26,7 +26,7 @@ use crate::model::{
     stage::Stage,
     topology::{Device, Topology},
 };
-use crate::store::{Gap, Store};
+use crate::store::{Gap, Reads, Store, Unreadable};
 
 /// Bounds of the recorder (config `[recorder]`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -442,6 +442,35 @@ impl Window {
     }
 }
 
+/// A window planned by `Recorder::plan_window`.
+#[derive(Debug, Default)]
+pub struct PlannedWindow {
+    /// The store's frames to read: older than the memory's.
+    reads: Option<Reads>,
+    /// The start of the oldest frame in memory.
+    in_memory: u64,
+    memory: Vec<Frame>,
+    devices: Vec<Device>,
+    gaps: Vec<Gap>,
+}
+
+impl PlannedWindow {
+    /// Reads the store's frames (disk IO), and what of them was damaged: the caller counts it
+    /// into the store's health.
+    pub fn read(self) -> (Window, Unreadable) {
+        let (mut frames, bad) = self.reads.map(Reads::frames).unwrap_or_default();
+        frames.retain(|f| f.start_ms < self.in_memory);
+        frames.extend(self.memory);
+        let window = Window {
+            frames,
+            topology: Topology::from_devices(self.devices),
+            gaps: self.gaps,
+            damaged_frames: bad.records,
+        };
+        (window, bad)
+    }
+}
+
 impl Recorder {
     pub fn new(limits: RecorderLimits) -> Recorder {
         Recorder { limits, ..Default::default() }
@@ -505,22 +534,30 @@ impl Recorder {
     /// The frames that overlap `[from_ms, to_ms)`, with the devices known: from memory, and
     /// before the oldest frame in memory from the store.
     pub fn window(&mut self, from_ms: u64, to_ms: u64) -> Window {
-        let in_memory = self.frames.front().map_or(u64::MAX, |f| f.start_ms);
-        let (mut frames, mut devices, mut gaps, mut damaged_frames) = (Vec::new(), Vec::new(), Vec::new(), 0);
+        let (window, bad) = self.plan_window(from_ms, to_ms).read();
         if let Some(store) = &mut self.store {
-            if from_ms < in_memory {
-                let before = store.health.damaged_records;
-                frames = store.frames(from_ms, to_ms.min(in_memory));
-                frames.retain(|f| f.start_ms < in_memory);
-                damaged_frames = store.health.damaged_records - before;
-            }
-            devices.extend(store.devices().cloned());
-            gaps = store.gaps(from_ms, to_ms);
+            store.count_unreadable(bad);
         }
-        frames.extend(self.frames.iter().filter(|f| f.end_ms > from_ms && f.start_ms < to_ms).cloned());
+        window
+    }
+
+    /// A window to read: what it needs of the recorder, taken under the agent's lock; the
+    /// store's frames are read by `PlannedWindow::read`, outside it.
+    pub fn plan_window(&self, from_ms: u64, to_ms: u64) -> PlannedWindow {
+        let in_memory = self.frames.front().map_or(u64::MAX, |f| f.start_ms);
+        let mut planned = PlannedWindow { in_memory, ..Default::default() };
+        if let Some(store) = &self.store {
+            if from_ms < in_memory {
+                planned.reads = Some(store.plan_frames(from_ms, to_ms.min(in_memory)));
+            }
+            planned.devices.extend(store.devices().cloned());
+            planned.gaps = store.gaps(from_ms, to_ms);
+        }
+        planned.memory =
+            self.frames.iter().filter(|f| f.end_ms > from_ms && f.start_ms < to_ms).cloned().collect();
         // The memory's devices are the newest: they win over the store's.
-        devices.extend(self.devices.values().map(|(d, _)| d.clone()));
-        Window { frames, topology: Topology::from_devices(devices), gaps, damaged_frames }
+        planned.devices.extend(self.devices.values().map(|(d, _)| d.clone()));
+        planned
     }
 
     /// Devices the kept frames name.

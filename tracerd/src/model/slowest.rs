@@ -90,15 +90,15 @@ impl Slowest {
     }
 
     /// Every second: a new minute files the last one and lowers every bar to the floor.
-    pub fn tick(&mut self, now_ms: u64) {
+    /// Returns the minutes filed (for the store).
+    pub fn tick(&mut self, now_ms: u64) -> Vec<SlowMinute> {
         let minute = now_ms / 60_000;
         if minute == self.minute {
-            return;
+            return Vec::new();
         }
-        let start = self.minute * 60;
-        for (_, (device, ios)) in std::mem::take(&mut self.current) {
-            self.history.push_back(SlowMinute { device, minute_unix_s: start, ios });
-        }
+        let filed = self.current();
+        self.current.clear();
+        self.history.extend(filed.iter().cloned());
         self.minute = minute;
         let keep_from = (minute * 60).saturating_sub(self.retention_minutes * 60);
         while self.history.front().is_some_and(|m| m.minute_unix_s < keep_from) {
@@ -110,6 +110,19 @@ impl Slowest {
                 self.pending.push((dev, FLOOR_NS));
             }
         }
+        filed
+    }
+
+    /// This minute's lists so far (what an agent that stops files).
+    pub fn current(&self) -> Vec<SlowMinute> {
+        self.current
+            .values()
+            .map(|(device, ios)| SlowMinute {
+                device: device.clone(),
+                minute_unix_s: self.minute * 60,
+                ios: ios.clone(),
+            })
+            .collect()
     }
 
     /// Bars to write to the kernel's `SLOW_NS`.
@@ -119,18 +132,36 @@ impl Slowest {
 
     /// The minutes that overlap `[from_unix_s, to_unix_s)`, this one included.
     pub fn window(&self, from_unix_s: f64, to_unix_s: f64) -> Vec<SlowMinute> {
-        let now = self.current.values().map(|(device, ios)| SlowMinute {
-            device: device.clone(),
-            minute_unix_s: self.minute * 60,
-            ios: ios.clone(),
-        });
         self.history
             .iter()
             .cloned()
-            .chain(now)
+            .chain(self.current())
             .filter(|m| (m.minute_unix_s + 60) as f64 > from_unix_s && (m.minute_unix_s as f64) < to_unix_s)
             .collect()
     }
+}
+
+/// One list per device and minute: lists of the same minute (from the store and from memory,
+/// or from two agents that each ran part of it) are joined, an IO found in both kept once, the
+/// slowest `PER_MINUTE` kept. Ordered by minute, then device.
+pub fn merge(minutes: Vec<SlowMinute>) -> Vec<SlowMinute> {
+    let mut joined: BTreeMap<(u64, String), Vec<SlowIo>> = BTreeMap::new();
+    for m in minutes {
+        let list = joined.entry((m.minute_unix_s, m.device)).or_default();
+        for io in m.ios {
+            if !list.iter().any(|k| k.took_ns == io.took_ns && k.io.get() == io.io.get()) {
+                list.push(io);
+            }
+        }
+    }
+    joined
+        .into_iter()
+        .map(|((minute_unix_s, device), mut ios)| {
+            ios.sort_by_key(|s| std::cmp::Reverse(s.took_ns));
+            ios.truncate(PER_MINUTE);
+            SlowMinute { device, minute_unix_s, ios }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -162,6 +193,32 @@ mod tests {
         assert_eq!(w.len(), 1);
         assert_eq!(w[0].ios[0].took_ns, 50_000_000, "slowest first");
         assert_eq!(w[0].ios.len(), PER_MINUTE);
+    }
+
+    #[test]
+    fn minutes_of_two_sources_join_without_doubles() {
+        let mut a = Slowest::new(60);
+        a.tick(60_000);
+        for took in [30_000u64, 10_000] {
+            a.offer(7, "loop0", took, &io(took));
+        }
+        let stored = a.tick(120_000);
+        assert_eq!((stored.len(), stored[0].minute_unix_s, stored[0].ios.len()), (1, 60, 2));
+        // A second agent ran later in the same minute.
+        let mut b = Slowest::new(60);
+        b.tick(61_000);
+        b.offer(7, "loop0", 20_000, &io(20_000));
+        let mut all = stored.clone();
+        all.extend(a.window(0.0, 200.0));
+        all.extend(b.window(0.0, 200.0));
+        let m = merge(all);
+        assert_eq!(m.len(), 1, "{m:?}");
+        let took: Vec<u64> = m[0].ios.iter().map(|s| s.took_ns).collect();
+        assert_eq!(
+            took,
+            vec![30_000, 20_000, 10_000],
+            "the store's and memory's copy once, both agents' IOs"
+        );
     }
 
     #[test]

@@ -270,20 +270,49 @@ impl Shared {
         s
     }
 
-    /// The window's frames are taken under the lock and added up outside it.
+    /// The window's frames are taken under the lock, and read from the store and added up
+    /// outside it: a long window read from disk does not hold up the agent's tick.
     fn window(&self, from_unix_s: f64, to_unix_s: f64, by_cgroup: bool) -> Result<WindowAnswer, String> {
         if !(from_unix_s.is_finite() && to_unix_s.is_finite() && from_unix_s < to_unix_s) {
             return Err(format!(
                 "window from {from_unix_s} to {to_unix_s}: give from_unix_s before to_unix_s (seconds since the Unix epoch)"
             ));
         }
-        let window = self
+        let planned = self
             .recorder
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .window(window_ms(from_unix_s), window_ms(to_unix_s));
+            .plan_window(window_ms(from_unix_s), window_ms(to_unix_s));
+        let (window, bad) = planned.read();
+        self.count_unreadable(bad);
         let status = self.status.lock().unwrap_or_else(|e| e.into_inner()).clone();
         window_answer(&window, from_unix_s, by_cgroup, status.kernel, status.host)
+    }
+
+    /// Each device's slowest IOs of the minutes that overlap the window: the store's (from
+    /// before this agent's start too) joined with the memory's (this minute, and any the store
+    /// could not take). The store is read outside the recorder's lock.
+    fn slowest(&self, from_unix_s: f64, to_unix_s: f64) -> Vec<crate::model::slowest::SlowMinute> {
+        let reads = {
+            let recorder = self.recorder.lock().unwrap_or_else(|e| e.into_inner());
+            recorder.store.as_ref().map(|st| st.plan_slow(from_unix_s, to_unix_s))
+        };
+        let mut minutes =
+            self.slowest.lock().unwrap_or_else(|e| e.into_inner()).window(from_unix_s, to_unix_s);
+        if let Some(reads) = reads {
+            let (stored, bad) = reads.slow_minutes();
+            self.count_unreadable(bad);
+            minutes.extend(stored);
+        }
+        crate::model::slowest::merge(minutes)
+    }
+
+    fn count_unreadable(&self, bad: crate::store::Unreadable) {
+        if bad != crate::store::Unreadable::default()
+            && let Some(store) = &mut self.recorder.lock().unwrap_or_else(|e| e.into_inner()).store
+        {
+            store.count_unreadable(bad);
+        }
     }
 
     fn subscribe(
@@ -319,9 +348,7 @@ impl Shared {
                 self.window(from_unix_s, to_unix_s, by_cgroup).map(|w| ("window", serde_json::to_value(w)))
             }
             Ok(Request::Slowest { from_unix_s, to_unix_s }) => {
-                let slowest =
-                    self.slowest.lock().unwrap_or_else(|e| e.into_inner()).window(from_unix_s, to_unix_s);
-                Ok(("slowest", serde_json::to_value(slowest)))
+                Ok(("slowest", serde_json::to_value(self.slowest(from_unix_s, to_unix_s))))
             }
         };
         let body = match reply {
