@@ -99,9 +99,9 @@ pub struct Start {
 pub struct StoreHealth {
     /// Frames kept in memory but not written, because a write failed (a full disk).
     pub frames_not_stored: u64,
-    /// Minutes of a device's slowest IOs not written, because a write failed.
+    /// Lists of a device's slowest IOs of a minute not written, because a write failed.
     #[serde(default)]
-    pub slow_minutes_not_stored: u64,
+    pub slow_lists_not_stored: u64,
     pub write_errors: u64,
     /// The last write error, while writes fail.
     pub failing: Option<String>,
@@ -586,7 +586,7 @@ impl Store {
                     self.segments[w.segment].slow.push(entry);
                 }
                 Err(e) => {
-                    self.health.slow_minutes_not_stored += 1;
+                    self.health.slow_lists_not_stored += 1;
                     self.failed(e);
                 }
             }
@@ -631,12 +631,11 @@ impl Store {
     }
 
     /// Syncs on this thread: before a segment is left for a new one, and when the store closes.
+    /// Always syncs: a sync asked of the thread may not have run yet, and one of a file with
+    /// nothing unsynced costs next to nothing.
     fn sync_now(&mut self) {
         self.collect_synced();
         let Some(w) = self.writer.as_mut() else { return };
-        if !w.dirty {
-            return;
-        }
         (w.dirty, w.synced) = (false, Instant::now());
         match w.file.sync_data() {
             Ok(()) => w.durable_to_ms = w.written_to_ms,

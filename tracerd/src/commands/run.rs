@@ -373,7 +373,7 @@ fn seal_frame(
             bytes: st.bytes(),
             max_bytes: st.limits.max_bytes,
             frames_not_stored: st.health.frames_not_stored,
-            slow_minutes_not_stored: st.health.slow_minutes_not_stored,
+            slow_lists_not_stored: st.health.slow_lists_not_stored,
             write_errors: st.health.write_errors,
             damaged_records: st.health.damaged_records,
             torn_tails: st.health.torn_tails,

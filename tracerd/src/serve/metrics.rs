@@ -79,7 +79,7 @@ pub struct StoreGauges {
     pub bytes: u64,
     pub max_bytes: u64,
     pub frames_not_stored: u64,
-    pub slow_minutes_not_stored: u64,
+    pub slow_lists_not_stored: u64,
     pub write_errors: u64,
     pub damaged_records: u64,
     pub torn_tails: u64,
@@ -498,9 +498,9 @@ pub fn families(state: &State, format: Format) -> Vec<Family> {
                     st.frames_not_stored,
                 ),
                 (
-                    "tracerd_recorder_store_slow_minutes_not_stored_total",
-                    "Minutes of a device's slowest IOs kept in memory but not written to the store, because a write failed.",
-                    st.slow_minutes_not_stored,
+                    "tracerd_recorder_store_slow_lists_not_stored_total",
+                    "Lists of a device's slowest IOs of a minute kept in memory but not written to the store, because a write failed.",
+                    st.slow_lists_not_stored,
                 ),
                 (
                     "tracerd_recorder_store_write_errors_total",
