@@ -261,15 +261,19 @@ fn a_full_filesystem_is_warned_of_and_counted_and_recording_resumes() {
         seen == before && seen > 50.0
     }));
 
+    // Space again: the reads after it are written, and the outage ends once the store has
+    // written for a minute without a failure.
     fs::remove_file(&filler).unwrap();
+    reads(70).run(&dev);
+    let total = seen as u64 + 70;
+    recorded(&agent, &dev.name, total);
     assert!(
         eventually(|| agent.stderr_text().contains("takes frames again")),
         "recording never resumed:\n{}",
         agent.stderr_text()
     );
-    reads(70).run(&dev);
-    let total = seen as u64 + 70;
-    recorded(&agent, &dev.name, total);
+    let warned = agent.stderr_text();
+    assert_eq!(warned.matches("cannot write to the recorder's store").count(), 1, "one warning: {warned}");
     assert!(agent.stop(libc::SIGTERM).success());
     // Offline: the reads before and after, and of the full time only what the frames that
     // were written hold.

@@ -52,6 +52,10 @@ const KIND_START: u8 = 3;
 /// From format 2.
 const KIND_SLOW: u8 = 4;
 const SEGMENT_SPAN_MS: u64 = 3_600_000;
+/// How long a failing store must write without a failure to be called writable again. A disk
+/// at the edge of full takes a small record and refuses the next: an outage is warned of once
+/// and ends once, not at every record that happens to fit.
+const WRITABLE_AFTER: Duration = Duration::from_secs(60);
 
 /// Where the store is and how much it keeps (config `[store]`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,7 +107,8 @@ pub struct StoreHealth {
     #[serde(default)]
     pub slow_lists_not_stored: u64,
     pub write_errors: u64,
-    /// The last write error, while writes fail.
+    /// The last write error, from the first failure until the store has written for a minute
+    /// without one.
     pub failing: Option<String>,
     /// Records that did not check (CRC, length, content) and were skipped.
     pub damaged_records: u64,
@@ -272,6 +277,8 @@ pub struct Store {
     starts: Vec<Start>,
     writer: Option<Writer>,
     pub health: StoreHealth,
+    /// While writes fail: when the frames began to be written again.
+    writing_since: Option<Instant>,
 }
 
 /// A stretch of time inside a window without frames because no agent ran.
@@ -345,6 +352,7 @@ impl Store {
             starts: Vec::new(),
             writer: None,
             health: StoreHealth::default(),
+            writing_since: None,
         };
         let last = names.len().saturating_sub(1);
         for (i, (_, path)) in names.into_iter().enumerate() {
@@ -550,13 +558,7 @@ impl Store {
                     offset,
                     len: payload.len() as u32,
                 });
-                if let Some(e) = self.health.failing.take() {
-                    tracing::warn!(
-                        "the recorder's store {} takes frames again (after: {e}); {} frames were not stored",
-                        self.limits.dir.display(),
-                        self.health.frames_not_stored
-                    );
-                }
+                self.written(Instant::now());
                 let w = self.writer.as_mut().expect("a store opened to write");
                 w.written_to_ms = frame.end_ms;
                 w.dirty = true;
@@ -593,8 +595,30 @@ impl Store {
         }
     }
 
+    /// Ends an outage once frames have been written for `WRITABLE_AFTER` without a failure.
+    fn written(&mut self, now: Instant) {
+        if self.health.failing.is_none() {
+            return;
+        }
+        let since = *self.writing_since.get_or_insert(now);
+        if now.duration_since(since) < WRITABLE_AFTER {
+            return;
+        }
+        let e = self.health.failing.take().unwrap_or_default();
+        self.writing_since = None;
+        tracing::warn!(
+            "the recorder's store {} takes frames again: written for {} s without a failure (after: {e}); \
+             {} frames were not stored",
+            self.limits.dir.display(),
+            WRITABLE_AFTER.as_secs(),
+            self.health.frames_not_stored
+        );
+    }
+
+    /// Counts a failed write, and warns of it if it begins an outage.
     fn failed(&mut self, e: anyhow::Error) {
         self.health.write_errors += 1;
+        self.writing_since = None;
         let e = format!("{e:#}");
         if self.health.failing.is_none() {
             tracing::warn!(
@@ -931,6 +955,41 @@ mod tests {
         assert_eq!(s.devices().collect::<Vec<_>>(), vec![&device()]);
         assert_eq!(s.starts, vec![start(1_000)]);
         assert_eq!(s.health, StoreHealth::default());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Writes to /dev/full fail as a full disk's do (ENOSPC).
+    #[test]
+    fn an_outage_ends_only_after_a_minute_of_writes_without_a_failure() {
+        let d = dir();
+        let mut s = Store::open(limits(&d)).unwrap();
+        let path = s.segments[0].path.clone();
+        let full = || OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let segment = || OpenOptions::new().append(true).open(&path).unwrap();
+        s.append(&frame(0, 1), &[device()]);
+        s.writer.as_mut().unwrap().file = full();
+        s.append(&frame(1000, 2), &[device()]);
+        assert_eq!((s.health.frames_not_stored, s.health.write_errors), (1, 1));
+        assert!(s.health.failing.as_deref().is_some_and(|e| e.contains("No space left")), "{:?}", s.health);
+        // A record that fits, then one that does not: still the one outage.
+        s.writer.as_mut().unwrap().file = segment();
+        s.append(&frame(2000, 4), &[device()]);
+        assert!(s.health.failing.is_some());
+        s.writer.as_mut().unwrap().file = full();
+        s.append(&frame(3000, 8), &[device()]);
+        assert_eq!((s.health.frames_not_stored, s.health.write_errors), (2, 2));
+        // Space again: writable once frames have been written for a minute.
+        s.writer.as_mut().unwrap().file = segment();
+        let again = Instant::now();
+        s.append(&frame(4000, 16), &[device()]);
+        s.written(again + WRITABLE_AFTER - Duration::from_secs(1));
+        assert!(s.health.failing.is_some());
+        s.written(again + WRITABLE_AFTER + Duration::from_secs(1));
+        assert_eq!(s.health.failing, None);
+        assert_eq!((s.health.frames_not_stored, s.health.write_errors), (2, 2));
+        drop(s);
+        let mut s = Store::open_read_only(&d).unwrap();
+        assert_eq!(requests(&s.frames(0, u64::MAX)), 1 + 4 + 16);
         std::fs::remove_dir_all(&d).unwrap();
     }
 
