@@ -28,25 +28,66 @@ impl Duration {
             (1e7, 2, "s")
         };
         let v = (ns / scale).round() as u64;
-        let mut n = 0;
-        let mut put = |bytes: &[u8]| {
-            buf[n..n + bytes.len()].copy_from_slice(bytes);
-            n += bytes.len();
-        };
-        let mut digits = [0u8; 20];
-        let pow = [1, 10, 100][decimals];
-        put(decimal(v / pow, &mut digits).as_bytes());
-        if decimals > 0 {
-            put(b".");
-            let frac = v % pow;
-            if decimals == 2 && frac < 10 {
-                put(b"0");
-            }
-            put(decimal(frac, &mut digits).as_bytes());
-        }
-        put(unit.as_bytes());
+        let n = compose(v, decimals, unit, buf);
         std::str::from_utf8(&buf[..n]).unwrap_or("?")
     }
+}
+
+/// A whole number of nanoseconds as [`Duration`] shows it, by integer arithmetic only (snoop's
+/// text, per IO): the bytes, and how many characters wide they are.
+pub fn ns_text(ns: u64, buf: &mut [u8; 32]) -> (&[u8], usize) {
+    // The bounds are Duration's (999.5, 999_950, 999_995_000) for whole numbers.
+    let (scale, decimals, unit) = if ns < 1000 {
+        (1, 0, "ns")
+    } else if ns < 999_950 {
+        (100, 1, "µs")
+    } else if ns < 999_995_000 {
+        (10_000, 2, "ms")
+    } else {
+        (10_000_000, 2, "s")
+    };
+    // Halves up, as f64::round does for positive numbers.
+    let v = ns / scale + u64::from(ns % scale >= scale.div_ceil(2));
+    let n = compose(v, decimals, unit, buf);
+    let chars = n - unit.len() + unit.chars().count();
+    (&buf[..n], chars)
+}
+
+/// `v` with `decimals` of its digits after the point, then `unit`, into `buf`; the length.
+/// Digits go straight to their place: a copy of a few bytes is a call to memcpy.
+fn compose(v: u64, decimals: usize, unit: &str, buf: &mut [u8; 32]) -> usize {
+    let pow = [1, 10, 100][decimals];
+    let mut n = put_digits(buf, 0, v / pow);
+    if decimals > 0 {
+        buf[n] = b'.';
+        let mut frac = v % pow;
+        for i in (n + 1..=n + decimals).rev() {
+            buf[i] = b'0' + (frac % 10) as u8;
+            frac /= 10;
+        }
+        n += 1 + decimals;
+    }
+    for &b in unit.as_bytes() {
+        buf[n] = b;
+        n += 1;
+    }
+    n
+}
+
+/// `v`'s decimal digits into `buf` from `at`; where they end.
+fn put_digits(buf: &mut [u8; 32], at: usize, v: u64) -> usize {
+    let mut len = 1;
+    let mut x = v / 10;
+    while x > 0 {
+        len += 1;
+        x /= 10;
+    }
+    let mut x = v;
+    for i in (at..at + len).rev() {
+        buf[i] = b'0' + (x % 10) as u8;
+        x /= 10;
+    }
+    at + len
 }
 
 impl std::fmt::Display for Duration {
@@ -56,7 +97,12 @@ impl std::fmt::Display for Duration {
 }
 
 /// `v` in decimal, into `buf`.
-pub fn decimal(mut v: u64, buf: &mut [u8; 20]) -> &str {
+pub fn decimal(v: u64, buf: &mut [u8; 20]) -> &str {
+    std::str::from_utf8(digits(v, buf)).unwrap_or("?")
+}
+
+/// `v`'s decimal digits (ASCII), into `buf`.
+pub fn digits(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
     let mut i = buf.len();
     loop {
         i -= 1;
@@ -66,7 +112,7 @@ pub fn decimal(mut v: u64, buf: &mut [u8; 20]) -> &str {
             break;
         }
     }
-    std::str::from_utf8(&buf[i..]).unwrap_or("?")
+    &buf[i..]
 }
 
 /// Now, in ms since the Unix epoch (the recorder's clock: views ask in wall-clock time).
@@ -284,6 +330,26 @@ mod tests {
         assert_eq!(utc(951_782_400.5), "2000-02-29 00:00:00 UTC");
         assert_eq!(utc(1_700_000_000.0), "2023-11-14 22:13:20 UTC");
         assert_eq!(utc(-5.0), "1970-01-01 00:00:00 UTC");
+    }
+
+    #[test]
+    fn whole_nanoseconds_read_as_duration_shows_them() {
+        let bounds = [0, 1, 999, 1000, 1049, 1050, 1051, 99_949, 99_950, 999_949, 999_950, 999_951];
+        let more = [1_004_999, 1_005_000, 999_994_999, 999_995_000, 1_234_567_890, 1_000_000_000_000];
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let sweep = (0..10_000).map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % 10u64.pow(1 + (x % 11) as u32)
+        });
+        for ns in bounds.into_iter().chain(more).chain(sweep) {
+            let mut buf = [0; 32];
+            let (text, chars) = ns_text(ns, &mut buf);
+            let want = duration_ns(ns as f64);
+            assert_eq!(std::str::from_utf8(text), Ok(want.as_str()), "{ns}");
+            assert_eq!(chars, want.chars().count(), "{ns}");
+        }
     }
 
     #[test]

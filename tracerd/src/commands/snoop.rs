@@ -1,11 +1,6 @@
 //! `tracerd snoop`: one line per IO (completed request or merged bio), as text or JSON lines.
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    io::Write,
-    path::Path,
-    time::Duration,
-};
+use std::{collections::BTreeMap, io::Write, path::Path, time::Duration};
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
@@ -32,12 +27,14 @@ struct Printer<W: Write> {
     json: bool,
     style: Style,
     ops: OpDecoder,
-    names: HashMap<u32, String>,
+    /// Per device and per `cmd_flags`: a few keys each, found by compares, not hashed.
+    names: BTreeMap<u32, String>,
     cgroups: CgroupNames,
     /// RWBS text per `cmd_flags` (a handful of distinct values).
-    rwbs: HashMap<u32, String>,
+    rwbs: BTreeMap<u32, String>,
     /// `--min-latency`, `--pid`, `--comm` (devices are chosen by what is traced).
     filter: StreamFilter,
+    text: TextWriter,
     error: Option<std::io::Error>,
 }
 
@@ -59,7 +56,7 @@ impl<W: Write> Printer<W> {
             // no allocation per IO (snoop's own CPU per IO is its cost to the host).
             let ops = &self.ops;
             let rwbs = self.rwbs.entry(io.rec.cmd_flags).or_insert_with(|| ops.rwbs(io.rec.cmd_flags));
-            write_text(&mut self.out, &TextLine::of(name, rwbs, io, ops, cgroup), self.style)
+            self.text.write(&mut self.out, &TextLine::of(name, rwbs, io, ops, cgroup), self.style)
         };
         if let Err(e) = r {
             self.error.get_or_insert(e);
@@ -298,10 +295,6 @@ impl<'a> TextLine<'a> {
             cgroup,
         }
     }
-
-    fn path(&self) -> &str {
-        std::str::from_utf8(&self.path.0[..self.path.1]).unwrap_or("?")
-    }
 }
 
 /// The column headings, bold where `style` colours.
@@ -318,48 +311,52 @@ pub fn write_header(out: &mut dyn Write, style: Style) -> std::io::Result<()> {
     writeln!(out, "{}", style.bold(&h))
 }
 
-/// One IO as a line of columns; an IO that completed with an error is red where `style` colours.
-pub fn write_text(out: &mut dyn Write, l: &TextLine, style: Style) -> std::io::Result<()> {
-    // The line is formatted in memory, then written once: padding goes out a character at a
-    // time, which through an io::Write is a call per character.
-    let mut text = String::with_capacity(160);
-    write_columns(&mut text, l);
-    if l.error != 0 && style.is_on() {
-        text = style.red(&text);
-    }
-    text.push('\n');
-    out.write_all(text.as_bytes())
+/// Writes IOs as lines of columns, built in one buffer kept from line to line: snoop's own CPU
+/// per IO is its cost to the host, so a line takes no allocation, no formatting machinery and
+/// no UTF-8 check of digits it wrote itself.
+#[derive(Default)]
+pub struct TextWriter {
+    line: Vec<u8>,
 }
 
-/// Text columns by hand: `write!` with widths pads a character at a time.
-fn write_columns(out: &mut String, l: &TextLine) {
-    let [mut d0, mut d1, mut d2, mut d3] = [[0u8; 20]; 4];
-    let mut dur = [0u8; 32];
-    let columns = [
-        (l.device, 12, Align::Left),
-        (l.comm, 15, Align::Left),
-        (units::decimal(l.pid as u64, &mut d0), 7, Align::Right),
-        (l.op.as_str(), 10, Align::Left),
-        (l.rwbs, 5, Align::Left),
-        (units::decimal(l.sector, &mut d1), 12, Align::Right),
-        (units::decimal(l.bytes as u64, &mut d2), 7, Align::Right),
-        (units::decimal(l.queue_depth as u64, &mut d3), 4, Align::Right),
-    ];
-    for (text, width, align) in columns {
-        pad(out, text, width, align);
-        out.push(' ');
+impl TextWriter {
+    /// One IO's line; an IO that completed with an error is red where `style` colours.
+    pub fn write(&mut self, out: &mut dyn Write, l: &TextLine, style: Style) -> std::io::Result<()> {
+        self.line.clear();
+        columns(&mut self.line, l);
+        if l.error != 0 && style.is_on() {
+            let red = style.red(&String::from_utf8_lossy(&self.line));
+            self.line.clear();
+            self.line.extend_from_slice(red.as_bytes());
+        }
+        self.line.push(b'\n');
+        out.write_all(&self.line)
     }
-    pad(out, l.path(), 6, Align::Left);
+}
+
+/// The text columns, by hand: `write!` with widths pads a character at a time.
+fn columns(out: &mut Vec<u8>, l: &TextLine) {
+    text(out, l.device, 12, Align::Left);
+    text(out, l.comm, 15, Align::Left);
+    number(out, l.pid as u64, 7);
+    text(out, l.op.as_str(), 10, Align::Left);
+    text(out, l.rwbs, 5, Align::Left);
+    number(out, l.sector, 12);
+    number(out, l.bytes as u64, 7);
+    number(out, l.queue_depth as u64, 4);
+    // The path is blktrace letters (ASCII).
+    padded(out, &l.path.0[..l.path.1], l.path.1, 6, Align::Left);
     for stage in l.stages {
-        out.push(' ');
-        let text = match stage {
-            Some(ns) => units::Duration(ns as f64).text(&mut dur),
-            None => "-",
+        out.push(b' ');
+        let mut buf = [0; 32];
+        let (bytes, chars) = match stage {
+            Some(ns) => units::ns_text(ns, &mut buf),
+            None => (&b"-"[..], 1),
         };
-        pad(out, text, 8, Align::Right);
+        padded(out, bytes, chars, 8, Align::Right);
     }
-    out.push(' ');
-    out.push_str(if l.cgroup.is_empty() { "-" } else { l.cgroup });
+    out.push(b' ');
+    out.extend_from_slice(if l.cgroup.is_empty() { b"-" } else { l.cgroup.as_bytes() });
 }
 
 enum Align {
@@ -367,18 +364,33 @@ enum Align {
     Right,
 }
 
-/// `s` padded with spaces to `width` characters (a wider `s` is kept whole).
-fn pad(out: &mut String, s: &str, width: usize, align: Align) {
-    const SPACES: &str = "                                ";
-    let fill = &SPACES[..width.saturating_sub(s.chars().count()).min(SPACES.len())];
+/// `s` padded to `width` characters, then a space.
+fn text(out: &mut Vec<u8>, s: &str, width: usize, align: Align) {
+    // Characters are the bytes that do not continue one (UTF-8 continuation bytes are 10xxxxxx).
+    let chars = s.bytes().filter(|b| b & 0xc0 != 0x80).count();
+    padded(out, s.as_bytes(), chars, width, align);
+    out.push(b' ');
+}
+
+/// `v` right-aligned to `width`, then a space.
+fn number(out: &mut Vec<u8>, v: u64, width: usize) {
+    let mut buf = [0; 20];
+    let digits = units::digits(v, &mut buf);
+    padded(out, digits, digits.len(), width, Align::Right);
+    out.push(b' ');
+}
+
+/// `bytes`, `chars` characters wide, padded with spaces to `width` (a wider text is kept whole).
+fn padded(out: &mut Vec<u8>, bytes: &[u8], chars: usize, width: usize, align: Align) {
+    let fill = width.saturating_sub(chars);
     match align {
         Align::Left => {
-            out.push_str(s);
-            out.push_str(fill);
+            out.extend_from_slice(bytes);
+            out.resize(out.len() + fill, b' ');
         }
         Align::Right => {
-            out.push_str(fill);
-            out.push_str(s);
+            out.resize(out.len() + fill, b' ');
+            out.extend_from_slice(bytes);
         }
     }
 }
@@ -409,10 +421,11 @@ pub async fn snoop(
         json,
         style,
         ops: session.tracer.ops,
-        names: HashMap::new(),
+        names: BTreeMap::new(),
         cgroups: CgroupNames::detect(),
-        rwbs: HashMap::new(),
+        rwbs: BTreeMap::new(),
         filter,
+        text: TextWriter::default(),
         error: None,
     };
     if !json {
@@ -492,6 +505,7 @@ async fn snoop_from_agent(
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     let mut dropped = 0u64;
+    let mut text = TextWriter::default();
     let result: std::io::Result<()> = loop {
         let line = tokio::select! {
             l = lines.next_line() => l?,
@@ -510,7 +524,7 @@ async fn snoop_from_agent(
         } else {
             let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
             match TextLine::from_json(&v) {
-                Some(text) => write_text(&mut out, &text, style),
+                Some(line) => text.write(&mut out, &line, style),
                 None => Ok(()),
             }
         };
@@ -533,11 +547,15 @@ mod tests {
     use super::*;
 
     fn text(error: u32, style: Style) -> String {
+        text_of("iogen", error, style)
+    }
+
+    fn text_of(comm: &str, error: u32, style: Style) -> String {
         let mut stages = [None; COLUMNS.len()];
         stages[5] = Some(12_345);
         let l = TextLine {
             device: "loop0",
-            comm: "iogen",
+            comm,
             pid: 42,
             op: Op::Read,
             rwbs: "R",
@@ -550,7 +568,7 @@ mod tests {
             cgroup: "/system.slice/a.service",
         };
         let mut out = Vec::new();
-        write_text(&mut out, &l, style).unwrap();
+        TextWriter::default().write(&mut out, &l, style).unwrap();
         String::from_utf8(out).unwrap()
     }
 
@@ -570,5 +588,17 @@ mod tests {
         write_header(&mut header, Style::PLAIN).unwrap();
         let header = String::from_utf8(header).unwrap();
         assert!(header.starts_with("DEVICE       COMM") && header.ends_with(" CGROUP\n"), "{header:?}");
+    }
+    #[test]
+    fn columns_line_up_under_the_header_in_characters() {
+        let mut header = Vec::new();
+        write_header(&mut header, Style::PLAIN).unwrap();
+        let header = String::from_utf8(header).unwrap();
+        let width = |s: &str| s[..s.rfind(' ').unwrap()].chars().count();
+        // "ü" is two bytes and one character; "µs" too.
+        for comm in ["iogen", "prüfer", "kworker/u8:1-ev"] {
+            let line = text_of(comm, 0, Style::PLAIN);
+            assert_eq!(width(&line), width(&header), "{line:?}\n{header:?}");
+        }
     }
 }

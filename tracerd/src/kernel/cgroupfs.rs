@@ -119,7 +119,10 @@ pub enum Named {
 
 struct Cached {
     named: Named,
-    used: Instant,
+    /// Asked about since the last `forget_idle`: a flag, not a clock read per IO.
+    used: bool,
+    /// When it was named, or when `forget_idle` last found it used.
+    idle_since: Instant,
 }
 
 /// Cgroup ids to paths, cached; entries unused for a while are forgotten, so short-lived
@@ -162,21 +165,26 @@ impl CgroupNames {
         if id == 0 {
             return Named::Unknown;
         }
-        let now = Instant::now();
         if let Some(c) = self.cache.get_mut(&(h, id)) {
-            c.used = now;
+            c.used = true;
             return c.named.clone();
         }
         let named = self.look_up(h, id);
-        self.cache.insert((h, id), Cached { named: named.clone(), used: now });
+        self.cache.insert((h, id), Cached { named: named.clone(), used: false, idle_since: Instant::now() });
         named
     }
 
-    /// Forgets ids not asked about for `idle`; returns how many.
+    /// Forgets ids not asked about for `idle` (measured from the call after their last use, so
+    /// never sooner); returns how many.
     pub fn forget_idle(&mut self, idle: Duration) -> usize {
         let before = self.cache.len();
         let now = Instant::now();
-        self.cache.retain(|_, c| now.duration_since(c.used) < idle);
+        self.cache.retain(|_, c| {
+            if std::mem::take(&mut c.used) {
+                c.idle_since = now;
+            }
+            now.duration_since(c.idle_since) < idle
+        });
         self.walked.clear();
         before - self.cache.len()
     }
@@ -436,5 +444,22 @@ mod tests {
         assert_eq!(names.named(Hierarchy::V2, 1), Named::Path("/".into()));
         assert_eq!(names.named(Hierarchy::V2, 0), Named::Unknown);
         assert_eq!(names.named(Hierarchy::BlkioV1, 7), Named::Unknown, "no v1 blkio mounted");
+    }
+
+    #[test]
+    fn names_are_forgotten_only_after_idle_without_use() {
+        let mut names = CgroupNames::new(Mounts { v2: Some("/nonexistent-cgroup".into()), blkio_v1: None });
+        let idle = Duration::from_millis(10);
+        let past_idle = || std::thread::sleep(idle * 2);
+        names.named(Hierarchy::V2, 1);
+        assert_eq!(names.forget_idle(Duration::from_secs(3600)), 0);
+        past_idle();
+        assert_eq!((names.forget_idle(idle), names.cached()), (1, 0), "unused since it was named");
+        names.named(Hierarchy::V2, 1);
+        past_idle();
+        names.named(Hierarchy::V2, 1);
+        assert_eq!(names.forget_idle(idle), 0, "used since the last call");
+        past_idle();
+        assert_eq!((names.forget_idle(idle), names.cached()), (1, 0));
     }
 }
