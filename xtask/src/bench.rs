@@ -100,7 +100,7 @@ impl Workload {
 }
 
 /// Rounds of the fixed-rate runs, whatever `--rounds` says below it: their CPU per IO is what
-/// the cost targets judge, and three rounds give a crude spread.
+/// the cost targets judge, and fewer rounds give no spread to judge them by.
 const FIXED_RATE_ROUNDS: usize = 5;
 
 /// Disks of the many-disks workload: past the 32 series a small host starts with, as a storage
@@ -826,10 +826,11 @@ fn results_page(text: &str, opts: &Options, commit: &str) -> Result<String> {
          | date | {date} |\n\
          | commit | {commit} |\n\
          | machine | {cpus} CPUs ({cpu}), {mem_gib:.0} GiB, kernel {kernel} |\n\
-         | run | {} rounds of {} s per variant, soak {} s |\n\n\
+         | run | {} s per variant: {} rounds at saturation, {} at fixed rates; soak {} s |\n\n\
          ```\n{}\n```\n",
-        opts.rounds,
         opts.seconds,
+        opts.rounds,
+        opts.rounds.max(FIXED_RATE_ROUNDS),
         opts.soak_seconds,
         text.trim()
     ))
@@ -1086,14 +1087,14 @@ fn summarize(results: &Results, costs: &Results, rest: Option<(&Soak, &str, &str
         }
         let loss = |v| median(losses(results, w, v));
         let (run, bio) = (loss(Variant::TracerdRun), loss(Variant::Biolatency));
-        let _ = writeln!(
-            out,
-            "{:<18} noise (untraced IOPS, max-min over median): {}; tracerd run loses {} vs biolatency {}",
-            "",
-            pct(noise),
-            pct(run),
-            pct(bio)
-        );
+        // A row that ran neither (the saturation row of --fixed-rate-only) compares nothing.
+        let versus = if run.is_nan() || bio.is_nan() {
+            String::new()
+        } else {
+            format!("; tracerd run loses {} vs biolatency {}", pct(run), pct(bio))
+        };
+        let _ =
+            writeln!(out, "{:<18} noise (untraced IOPS, max-min over median): {}{versus}", "", pct(noise));
         // A traced run faster than the untraced one means the tracer changed how the CPUs
         // were scheduled: such a row cannot rank tracers, the fixed-rate rows do.
         let faster: Vec<&str> = ALL[1..]
