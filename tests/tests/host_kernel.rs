@@ -694,6 +694,32 @@ fn doctor_checks_this_kernel_and_says_what_privileges_change() {
     assert!(!text.contains('\x1b'), "no colour when stdout is not a terminal");
 }
 
+/// The device's ops in a `report --json`, each checked to hold exactly the requests and bytes
+/// the workloads did (every op they did, no other), with its name and request count.
+fn exact_ops<'a>(
+    json: &'a Value,
+    dev: &LoopDevice,
+    workloads: &[Workload],
+) -> Vec<(&'a Value, &'a str, u64)> {
+    let device = json["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["device"] == dev.name.as_str())
+        .expect("device");
+    let want = expected(workloads);
+    let ops = device["ops"].as_array().unwrap();
+    assert_eq!(ops.len(), want.len(), "{device}");
+    ops.iter()
+        .map(|op| {
+            let name = op["op"].as_str().unwrap();
+            let (n, bytes) = want[name];
+            assert_eq!((op["requests"].as_u64(), op["bytes"].as_u64()), (Some(n), Some(bytes)), "{name}");
+            (op, name, n)
+        })
+        .collect()
+}
+
 /// `--attach raw_tp`: the raw_tp variant of every hook (the fallback where a kernel refuses
 /// tp_btf) loaded and attached in this kernel, counting the same workload as exactly as tp_btf.
 #[test]
@@ -725,20 +751,59 @@ fn raw_tp_hooks_count_every_io_exactly() {
         note_missed("raw_tp_hooks_count_every_io_exactly", missed);
         return;
     }
-    let device = json["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["device"] == dev.name.as_str())
-        .expect("device");
-    let want = expected(&QD1_AND_QD16);
-    assert_eq!(device["ops"].as_array().unwrap().len(), want.len(), "{device}");
-    for op in device["ops"].as_array().unwrap() {
-        let name = op["op"].as_str().unwrap();
-        let (n, bytes) = want[name];
-        assert_eq!((op["requests"].as_u64(), op["bytes"].as_u64()), (Some(n), Some(bytes)), "{name}");
+    for (op, name, n) in exact_ops(&json, &dev, &QD1_AND_QD16) {
         for stage in ["q2g", "q2d", "d2c", "q2c"] {
             assert_eq!(op["stages"][stage]["count"].as_u64(), Some(n), "{name} {stage}");
+        }
+    }
+    assert!(json["lost"].as_object().unwrap().values().all(|v| v == 0), "{}", json["lost"]);
+}
+
+/// `skip_hooks = ["block_bio_queue", "block_getrq"]`: neither is attached, each is reported
+/// skipped with the reason, and D and C alone still count every IO exactly with its D2C; the
+/// stages that need Q or G are absent, not invented.
+#[test]
+fn skipped_q_and_g_hooks_leave_exact_counts_and_d2c() {
+    require_root();
+    let dev = LoopDevice::new(128);
+    let tmp = TempDir::new();
+    let config = tmp.0.join("skip.toml");
+    std::fs::write(&config, "skip_hooks = [\"block_bio_queue\", \"block_getrq\"]\n").unwrap();
+    let mut report = Tracerd::spawn(&[
+        "report",
+        "--json",
+        "--duration",
+        "600",
+        "--config",
+        config.to_str().unwrap(),
+        "--device",
+        &dev.name,
+    ]);
+    for w in &QD1_AND_QD16 {
+        w.run(&dev);
+    }
+    assert!(report.stop(libc::SIGINT).success(), "report failed:\n{}", report.stderr_text());
+    let json: Value = serde_json::from_str(&report.stdout_text()).expect("report --json is JSON");
+    let hooks = json["hooks"].as_array().unwrap();
+    for name in ["block_bio_queue", "block_getrq"] {
+        let h = hooks.iter().find(|h| h["hook"] == name).unwrap();
+        assert!(h["attach_type"].is_null(), "{h}");
+        assert_eq!(h["reason"], "skip_hooks in the config", "{h}");
+    }
+    for name in ["block_rq_issue", "block_rq_complete"] {
+        let h = hooks.iter().find(|h| h["hook"] == name).unwrap();
+        assert!(h["attach_type"].is_string(), "{h}");
+    }
+    let missed = missed_in_lost(&json["lost"]);
+    if missed > 0 {
+        note_missed("skipped_q_and_g_hooks_leave_exact_counts_and_d2c", missed);
+        return;
+    }
+    for (op, name, n) in exact_ops(&json, &dev, &QD1_AND_QD16) {
+        assert_eq!(op["stages"]["d2c"]["count"].as_u64(), Some(n), "{name} d2c");
+        for stage in ["q2g", "g2d", "q2d", "q2c"] {
+            let count = op["stages"].get(stage).and_then(|s| s["count"].as_u64()).unwrap_or(0);
+            assert_eq!(count, 0, "{name} {stage} without Q and G: {}", op["stages"]);
         }
     }
     assert!(json["lost"].as_object().unwrap().values().all(|v| v == 0), "{}", json["lost"]);

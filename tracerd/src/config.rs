@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use crate::{
     cli::DEFAULT_LISTEN,
-    kernel::{cgroupfs::LabelForm, tracer::Attach},
+    kernel::{cgroupfs::LabelForm, hooks::HOOKS, tracer::Attach},
     model::aggregate::{HistogramRange, SeriesLimits},
     model::cgroups::CgroupLimits,
     model::recorder::RecorderLimits,
@@ -25,6 +25,7 @@ pub struct File {
     pub ring_buffer_bytes: Option<u64>,
     pub attach: Option<String>,
     pub kprobes: Option<bool>,
+    pub skip_hooks: Option<Vec<String>>,
     pub rq_qos: Option<bool>,
     #[serde(default)]
     pub devices: DevicesSection,
@@ -145,6 +146,8 @@ pub struct Config {
     pub kprobes: bool,
     /// Time rq-qos waits (wbt, io.latency, io.cost) inside Q2G, with kprobes.
     pub rq_qos: bool,
+    /// Tracepoints left unattached (their stages go unmeasured, and their cost unpaid).
+    pub skip_hooks: Vec<String>,
     /// Devices to trace; empty means every block device.
     pub include: Vec<String>,
     /// Devices never traced (kernel names; `*` matches any run of characters).
@@ -184,6 +187,7 @@ impl Default for Config {
             attach: Attach::Auto,
             kprobes: true,
             rq_qos: false,
+            skip_hooks: Vec::new(),
             include: Vec::new(),
             exclude: Vec::new(),
             histogram: HistogramRange::default(),
@@ -246,6 +250,26 @@ pub fn resolve(file: File, flags: Flags) -> Result<Config> {
     };
     let kprobes = !flags.no_kprobes && file.kprobes.unwrap_or(d.kprobes);
     let rq_qos = kprobes && file.rq_qos.unwrap_or(d.rq_qos);
+    let skip_hooks = file.skip_hooks.unwrap_or_default();
+    for name in &skip_hooks {
+        let skippable = || {
+            let names: Vec<&str> = HOOKS.iter().filter(|h| !h.required).map(|h| h.tracepoint).collect();
+            names.join(", ")
+        };
+        match HOOKS.iter().find(|h| h.tracepoint == name) {
+            None => bail!(
+                "skip_hooks \"{name}\": not a tracepoint tracerd hooks; these can be skipped: {}",
+                skippable()
+            ),
+            Some(h) if h.required => bail!(
+                "skip_hooks \"{name}\": every IO is timed and counted from {}, so it cannot be skipped; \
+                 these can: {}",
+                h.tracepoint,
+                skippable()
+            ),
+            Some(_) => {}
+        }
+    }
     // Each list is checked where it came from, so the error names the flag or the key to fix.
     for (source, names) in [
         ("--device", flags.devices.as_slice()),
@@ -368,6 +392,12 @@ pub fn resolve(file: File, flags: Flags) -> Result<Config> {
     if cgroups.expire_after.is_zero() {
         bail!("cgroups.expire_after_s = 0: must be at least 1 (seconds)");
     }
+    if cgroups.label != LabelForm::None && skip_hooks.iter().any(|h| h == "block_bio_queue") {
+        bail!(
+            "cgroups.label with skip_hooks \"block_bio_queue\": an IO's cgroup is read at its Q; \
+             drop one of the two"
+        );
+    }
     if let Some(p) =
         cgroups.include.iter().chain(&cgroups.exclude).find(|p| !p.starts_with('/') && !p.starts_with('*'))
     {
@@ -381,6 +411,7 @@ pub fn resolve(file: File, flags: Flags) -> Result<Config> {
         attach,
         kprobes,
         rq_qos,
+        skip_hooks,
         include,
         exclude,
         histogram,
@@ -590,6 +621,20 @@ mod tests {
             err("attach = \"kprobe\"")
                 .contains("attach = \"kprobe\": must be auto (tp_btf, else raw_tp) or raw_tp")
         );
+        let bad = err("skip_hooks = [\"block_rq_issue\"]");
+        assert!(bad.contains("skip_hooks \"block_rq_issue\": every IO is timed and counted from"), "{bad}");
+        assert!(bad.contains("these can: block_bio_queue, block_getrq"), "{bad}");
+        let bad = err("skip_hooks = [\"block_bio_queu\"]");
+        assert!(bad.contains("skip_hooks \"block_bio_queu\": not a tracepoint tracerd hooks"), "{bad}");
+    }
+
+    #[test]
+    fn skipped_hooks_are_the_ones_named() {
+        let c = from("skip_hooks = [\"block_bio_queue\", \"block_getrq\"]").unwrap();
+        assert_eq!(c.skip_hooks, ["block_bio_queue", "block_getrq"]);
+        assert!(from("").unwrap().skip_hooks.is_empty());
+        let both = "skip_hooks = [\"block_bio_queue\"]\n[cgroups]\nlabel = \"path\"";
+        assert!(err(both).contains("an IO's cgroup is read at its Q"), "{}", err(both));
     }
 
     /// Every key `File` accepts (`section.key`), read from its serde definition: a deserializer

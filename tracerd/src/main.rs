@@ -62,6 +62,7 @@ fn settings(trace: TraceArgs, own: Flags) -> Result<(Config, Selection, LoadOpti
         attach: config.attach,
         no_kprobes: !config.kprobes,
         rq_qos: config.rq_qos,
+        skip_hooks: config.skip_hooks.clone(),
         ..Default::default()
     };
     Ok((config, selection, opts))

@@ -41,6 +41,9 @@ enum Variant {
     /// The agent with a cgroup label (`[cgroups] label = "path"`): the kernel counts each IO in
     /// its (cgroup, device, op) series.
     TracerdRunCgroups,
+    /// The agent without its Q and G hooks (`skip_hooks`): the A/B of the account of what
+    /// tracerd costs above biolatency, which has neither.
+    TracerdRunNoQg,
     TracerdSnoop,
     TracerdReport,
     Biolatency,
@@ -61,6 +64,7 @@ impl Variant {
             Variant::TracerdRun => "tracerd run",
             Variant::TracerdRunRecords => "run (records)",
             Variant::TracerdRunCgroups => "run (cgroups)",
+            Variant::TracerdRunNoQg => "run (no Q, G)",
             Variant::TracerdSnoop => "tracerd snoop",
             Variant::TracerdReport => "tracerd report",
             Variant::Biolatency => "biolatency",
@@ -290,7 +294,10 @@ impl Tracer {
             Variant::None | Variant::NoneAgain => {
                 return Ok(Tracer { child: None, programs: vec![], metrics: None, stderr: err });
             }
-            Variant::TracerdRun | Variant::TracerdRunRecords | Variant::TracerdRunCgroups => (
+            Variant::TracerdRun
+            | Variant::TracerdRunRecords
+            | Variant::TracerdRunCgroups
+            | Variant::TracerdRunNoQg => (
                 Command::new(tracerd_bin())
                     .args(["run", "--listen", &format!("127.0.0.1:{port}")])
                     // The agent as deployed, with its store, in the bench's own directory (each
@@ -305,6 +312,11 @@ impl Tracer {
                         Variant::TracerdRunCgroups => {
                             let config = dir.join("cgroups.toml");
                             fs::write(&config, "[cgroups]\nlabel = \"path\"\n")?;
+                            vec!["--config".to_owned(), config.display().to_string()]
+                        }
+                        Variant::TracerdRunNoQg => {
+                            let config = dir.join("no-q-g.toml");
+                            fs::write(&config, "skip_hooks = [\"block_bio_queue\", \"block_getrq\"]\n")?;
                             vec!["--config".to_owned(), config.display().to_string()]
                         }
                         _ => vec![],
@@ -358,9 +370,14 @@ impl Tracer {
         }
         sleep(Duration::from_millis(500));
         let programs = bpf_programs()?.iter().map(|p| p.0).filter(|id| !before.contains(id)).collect();
-        let metrics =
-            matches!(variant, Variant::TracerdRun | Variant::TracerdRunRecords | Variant::TracerdRunCgroups)
-                .then(|| format!("127.0.0.1:{port}"));
+        let metrics = matches!(
+            variant,
+            Variant::TracerdRun
+                | Variant::TracerdRunRecords
+                | Variant::TracerdRunCgroups
+                | Variant::TracerdRunNoQg
+        )
+        .then(|| format!("127.0.0.1:{port}"));
         Ok(Tracer { child: Some(child), programs, metrics, stderr: err })
     }
 
@@ -838,10 +855,11 @@ fn results_page(text: &str, opts: &Options, commit: &str) -> Result<String> {
 
 /// The variants of the fixed-rate rows: those the cost targets judge, between two untraced
 /// runs of the same round.
-const RATED: [Variant; 7] = [
+const RATED: [Variant; 8] = [
     Variant::None,
     Variant::TracerdRun,
     Variant::TracerdRunCgroups,
+    Variant::TracerdRunNoQg,
     Variant::TracerdSnoop,
     Variant::TracerdReport,
     Variant::Biolatency,
@@ -975,6 +993,16 @@ fn fixed_rate_lines(out: &mut String, results: &Results, costs: &Results, w: &st
     }
     if let Some(d) = over_bio.filter(|&d| d > noise) {
         account(out, results, costs, w, d);
+    }
+    // The account's A/B, not a target: the same agent without the two hooks biolatency lacks.
+    if ran(Variant::TracerdRunNoQg) && ran(Variant::Biolatency) {
+        let d = paired_diff(results, w, (Variant::TracerdRunNoQg, Variant::Biolatency), 1.0);
+        let _ = writeln!(
+            out,
+            "{:<18} A/B: run (no Q, G)'s extra - biolatency's, same round: {} (A/A noise {noise:.0}ns)",
+            "",
+            ns_range(&d)
+        );
     }
     verdicts
 }

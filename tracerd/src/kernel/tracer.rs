@@ -48,6 +48,8 @@ pub struct LoadOptions {
     pub no_kprobes: bool,
     /// Time rq-qos waits inside Q2G (config `rq_qos`; kprobes on every tracked bio).
     pub rq_qos: bool,
+    /// Tracepoints not to attach (config `skip_hooks`; never a required one).
+    pub skip_hooks: Vec<String>,
     /// Devices traced at start, which the in-kernel series are sized for ([`series::capacity`]).
     pub targets: usize,
     /// Series are labelled by cgroup (config `[cgroups] label`): the kernel keeps
@@ -240,6 +242,16 @@ impl Tracer {
         let mut ebpf = loader.load(OBJECT).map_err(|e| permission_advice(e.into()))?;
         let mut hooks = Vec::new();
         for hook in HOOKS {
+            if opts.skip_hooks.iter().any(|s| s == hook.tracepoint) {
+                tracing::info!("skipped {}: skip_hooks in the config", hook.tracepoint);
+                hooks.push(HookStatus {
+                    hook: hook.tracepoint,
+                    attach_type: None,
+                    program: None,
+                    reason: Some("skip_hooks in the config".into()),
+                });
+                continue;
+            }
             // Without BTF for aya, attach skips tp_btf.
             let tp_btf = if opts.attach == Attach::RawTp { None } else { aya_btf.as_ref() };
             let mut status = hook.attach(&mut ebpf, &btf, tp_btf);

@@ -552,7 +552,7 @@ pub fn families(state: &State, format: Format) -> Vec<Family> {
     let mut f = family(
         "tracerd_hook_skipped",
         Kind::Gauge,
-        "1 for each block-layer hook that could not be attached, with why.",
+        "1 for each block-layer hook not attached, with why (the kernel lacks or refuses it, or config skip_hooks).",
     );
     for h in state.hooks.iter().filter(|h| !h.attached()) {
         number(&mut f, labels([("hook", h.hook), ("reason", h.reason.as_deref().unwrap_or(""))]), 1.0);
