@@ -85,6 +85,20 @@ const ALL: [Variant; 8] = [
     Variant::Bpftrace,
 ];
 
+/// Every variant, in the order the IOPS table lists those a row ran.
+const SHOWN: [Variant; 10] = [
+    Variant::None,
+    Variant::TracerdRun,
+    Variant::TracerdRunRecords,
+    Variant::TracerdRunCgroups,
+    Variant::TracerdRunNoQg,
+    Variant::TracerdSnoop,
+    Variant::TracerdReport,
+    Variant::Biolatency,
+    Variant::Bpftrace,
+    Variant::NoneAgain,
+];
+
 #[derive(Clone, Debug)]
 struct Workload {
     name: String,
@@ -1088,7 +1102,7 @@ fn summarize(results: &Results, costs: &Results, rest: Option<(&Soak, &str, &str
     let mut missed = 0u64;
     for w in workloads {
         let noise = noise(results, w);
-        for v in ALL.into_iter().chain([Variant::NoneAgain]) {
+        for v in SHOWN {
             let Some(samples) = results.get(&(w.clone(), v)) else { continue };
             let l = losses(results, w, v);
             let (lo, hi) =
