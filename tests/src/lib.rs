@@ -237,6 +237,9 @@ pub struct Tracerd {
     pub socket: Option<PathBuf>,
     /// The agent's recorder store when the test gave it one of its own (removed on drop).
     pub store: Option<PathBuf>,
+    /// Whether `socket` is one `with_own_socket` made (removed on drop: a killed agent leaves
+    /// its socket file behind).
+    own_socket: bool,
 }
 
 /// The args with a socket of this test's own when they name none: tests run in parallel, and
@@ -315,6 +318,7 @@ impl Tracerd {
     fn spawn_command(mut cmd: Command, args: &[&str]) -> Tracerd {
         let stdout = std::env::temp_dir().join(unique("tracerd-stdout"));
         let stderr = std::env::temp_dir().join(unique("tracerd-stderr"));
+        let own_socket = !args.contains(&"--socket");
         let (args, socket) = with_own_socket(args);
         let store = args.iter().position(|a| a == "--store").map(|at| PathBuf::from(&args[at + 1]));
         let store = store.filter(|s| s.starts_with(std::env::temp_dir()) && own_store_name(s));
@@ -325,7 +329,7 @@ impl Tracerd {
             .stderr(fs::File::create(&stderr).unwrap())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {:?}: {e}", cmd.get_program()));
-        let mut t = Tracerd { child, stdout, stderr, addr: None, socket, store };
+        let mut t = Tracerd { child, stdout, stderr, addr: None, socket, store, own_socket };
         // The session's line, logged once every hook is attached and the devices are set; a
         // view that found an agent says so instead.
         t.wait_for_stderr(&["hooks; tracing", "reading from the running agent"]);
@@ -414,6 +418,9 @@ impl Drop for Tracerd {
         let _ = fs::remove_file(&self.stderr);
         if let Some(store) = &self.store {
             let _ = fs::remove_dir_all(store);
+        }
+        if let Some(socket) = self.socket.as_ref().filter(|_| self.own_socket) {
+            let _ = fs::remove_file(socket);
         }
     }
 }
