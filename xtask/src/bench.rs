@@ -880,9 +880,10 @@ const RATED: [Variant; 8] = [
     Variant::NoneAgain,
 ];
 
-/// The variants of the many-disks row.
-const MANY_DISKS_VARIANTS: [Variant; 4] =
-    [Variant::None, Variant::TracerdRun, Variant::Biolatency, Variant::NoneAgain];
+/// The variants of the many-disks row; the agent without Q and G shows how much of its extra
+/// over many disks those two hooks are, and how much the issue and complete programs.
+const MANY_DISKS_VARIANTS: [Variant; 5] =
+    [Variant::None, Variant::TracerdRun, Variant::TracerdRunNoQg, Variant::Biolatency, Variant::NoneAgain];
 
 const SATURATION: &str = "qd32 saturation";
 const TWO_SUBMITTERS: &str = "2 jobs x qd16";
