@@ -194,6 +194,16 @@ impl Drop for TempDir {
     }
 }
 
+/// An iogen whose IOs are done, kept running until dropped (`Workload::run_held`).
+pub struct Held(Child);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        drop(self.0.stdin.take());
+        let _ = self.0.wait();
+    }
+}
+
 /// What iogen did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Workload {
@@ -215,6 +225,26 @@ impl Workload {
     /// Runs the workload with O_DIRECT on `dev`; panics unless every IO succeeded.
     pub fn run(&self, dev: &LoopDevice) {
         self.run_on(&dev.path)
+    }
+
+    /// Runs the workload on `dev` and returns once its IOs are done, iogen still running until
+    /// the `Held` is dropped: the agent names the submitter of an IO it counted in the kernel
+    /// from /proc when the IO's record arrives, and an exited process is no longer there.
+    pub fn run_held(&self, dev: &LoopDevice) -> Held {
+        let (count, size, qd) = (self.count.to_string(), self.size.to_string(), self.qd.to_string());
+        let mut child = Command::new(iogen_bin())
+            .args([dev.path.as_str(), self.op(), &count, &size, &qd, "hold"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn iogen");
+        let mut line = String::new();
+        let _ = std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        );
+        assert!(line.starts_with('{'), "iogen failed: {:?}", child.wait());
+        Held(child)
     }
 
     /// Runs the workload on a device node (`/dev/loop3p1`).

@@ -65,9 +65,13 @@ fn check(ret: libc::c_long, what: &str) -> libc::c_long {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.len() != 6 && !(args.len() == 7 && matches!(args[6].as_str(), "batch" | "seq" | "merge")) {
-        die("usage: iogen DEVICE read|write COUNT SIZE QD [batch|seq|merge]");
+    if args.len() != 6 && !(args.len() == 7 && matches!(args[6].as_str(), "batch" | "seq" | "merge" | "hold"))
+    {
+        die("usage: iogen DEVICE read|write COUNT SIZE QD [batch|seq|merge|hold]");
     }
+    // hold: after the IOs and the summary line, wait for stdin to close, so that the process
+    // (its /proc entry, which names an IO's submitter) outlives its IOs.
+    let hold = args.len() == 7 && args[6] == "hold";
     let merge = args.len() == 7 && args[6] == "merge";
     let batch = merge || args.len() == 7 && args[6] == "batch";
     let seq = args.len() == 7 && args[6] == "seq";
@@ -199,6 +203,9 @@ fn main() {
         args[2],
         count * size
     );
+    if hold {
+        let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
+    }
 }
 
 fn gcd(a: u64, b: u64) -> u64 {
