@@ -479,10 +479,10 @@ fn the_agent_keeps_each_minutes_slowest_ios_whole_from_few_records() {
     let socket = agent.socket.clone().unwrap();
     // A device's first IOs are all records, until the agent's next tick gives it a series, and
     // each minute's bar starts low: a low bar sends whatever completes before the agent's next
-    // read, which is up to the agent's idle poll (320 ms) away after a pause. Both are as many IOs as the disk does
-    // in that time, whatever the bar does later. So the measured IOs fall in one minute, after
-    // reads like the fast ones have raised the bar and given the device its series; only the
-    // records after those count.
+    // read, up to its idle poll (320 ms) away after a pause. Both are as many IOs as the disk
+    // does in that time, whatever the bar does later. So the measured IOs fall in one minute,
+    // after reads like the fast ones have raised the bar and given the device its series; only
+    // the records after those count.
     let second = unix_now() as u64 % 60;
     if second > 45 {
         std::thread::sleep(Duration::from_secs(61 - second));
