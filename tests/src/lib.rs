@@ -222,6 +222,11 @@ impl Workload {
         if self.write { "write" } else { "read" }
     }
 
+    /// iogen's arguments for this workload on `path`.
+    fn iogen_args(&self, path: &str) -> [String; 5] {
+        [path.into(), self.op().into(), self.count.to_string(), self.size.to_string(), self.qd.to_string()]
+    }
+
     /// Runs the workload with O_DIRECT on `dev`; panics unless every IO succeeded.
     pub fn run(&self, dev: &LoopDevice) {
         self.run_on(&dev.path)
@@ -231,9 +236,9 @@ impl Workload {
     /// the `Held` is dropped: the agent names the submitter of an IO it counted in the kernel
     /// from /proc when the IO's record arrives, and an exited process is no longer there.
     pub fn run_held(&self, dev: &LoopDevice) -> Held {
-        let (count, size, qd) = (self.count.to_string(), self.size.to_string(), self.qd.to_string());
         let mut child = Command::new(iogen_bin())
-            .args([dev.path.as_str(), self.op(), &count, &size, &qd, "hold"])
+            .args(self.iogen_args(&dev.path))
+            .arg("hold")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -249,10 +254,7 @@ impl Workload {
 
     /// Runs the workload on a device node (`/dev/loop3p1`).
     pub fn run_on(&self, path: &str) {
-        let out = Command::new(iogen_bin())
-            .args([path, self.op(), &self.count.to_string(), &self.size.to_string(), &self.qd.to_string()])
-            .output()
-            .expect("spawn iogen");
+        let out = Command::new(iogen_bin()).args(self.iogen_args(path)).output().expect("spawn iogen");
         assert!(out.status.success(), "iogen failed: {}", String::from_utf8_lossy(&out.stderr));
     }
 }
