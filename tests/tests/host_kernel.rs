@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::Value;
-use tracerd::{commands::capture::Capture, model::stage::Stage};
+use tracerd::{model::capture::Capture, model::stage::Stage};
 use tracerd_tests::{
     HANG, LoopDevice, Metrics, TempDir, Tracerd, Workload, eventually, missed_completions, missed_in_lost,
     missed_in_text, note_missed, require_root, tracerd_output,

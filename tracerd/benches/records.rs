@@ -12,7 +12,6 @@ use tracerd::{
     kernel::record,
     model::aggregate::Aggregator,
     model::layers::{LayerSplit, Layers, MAX_LOWERS},
-    model::op::OpDecoder,
     model::selection::Selection,
     model::topology::Topology,
 };
@@ -22,7 +21,7 @@ const PASSES: usize = 7;
 
 fn main() {
     let btf = Btf::from_sys_fs().expect("needs /sys/kernel/btf/vmlinux (the op numbering comes from it)");
-    let ops = OpDecoder::from_btf(&btf).expect("op numbering");
+    let ops = tracerd::kernel::ops::op_decoder(&btf).expect("op numbering");
     let topo = Topology::scan().expect("sysfs");
     let resolved = Selection::default().resolve(&topo).expect("devices");
     let disks: Vec<u32> = topo.devices().filter(|d| !d.partition).map(|d| d.dev).take(4).collect();

@@ -1,7 +1,6 @@
-//! The commands: the agent (`run`), `report` and its captures and histogram view, `snoop`,
+//! The commands: the agent (`run`), `report` and its histogram view, `snoop`,
 //! `diff`, `doctor`, `top`; shell completions and man pages (`generate`).
 
-pub mod capture;
 pub mod diff;
 pub mod doctor;
 pub mod generate;

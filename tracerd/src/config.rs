@@ -9,11 +9,14 @@ use serde::Deserialize;
 
 use crate::{
     cli::DEFAULT_LISTEN,
-    kernel::{cgroupfs::LabelForm, hooks::HOOKS, tracer::Attach},
+    kernel::{hooks::HOOKS, tracer::Attach},
     model::aggregate::{HistogramRange, SeriesLimits},
     model::cgroups::CgroupLimits,
+    model::cgroups::LabelForm,
     model::recorder::RecorderLimits,
+    model::selection::name_matches,
     serve::api,
+    serve::http::HttpSecurity,
     store::StoreLimits,
 };
 
@@ -167,16 +170,6 @@ pub struct Config {
     pub api_http: bool,
     /// The opt-in `cgroup` label and its bound.
     pub cgroups: CgroupLimits,
-}
-
-/// TLS and basic auth of the metrics endpoint, as the config names them (files are read and
-/// checked when the server starts: `http::Security::load`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HttpSecurity {
-    /// PEM certificate chain and private key.
-    pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
-    /// User name and a file holding the password (its first line).
-    pub basic_auth: Option<(String, std::path::PathBuf)>,
 }
 
 impl Default for Config {
@@ -478,20 +471,6 @@ pub fn ring_size(bytes: u64) -> Result<u32> {
         Ok(b) if b >= 4096 && b.is_power_of_two() => Ok(b),
         _ => bail!("ring_buffer_bytes = {bytes}: must be a power of two from 4096 to 2147483648"),
     }
-}
-
-/// Whether a device name matches a pattern (`*` matches any run of characters; a leading
-/// `/dev/` is ignored on both).
-pub fn name_matches(pattern: &str, name: &str) -> bool {
-    fn go(p: &[u8], n: &[u8]) -> bool {
-        match p.split_first() {
-            None => n.is_empty(),
-            Some((b'*', rest)) => (0..=n.len()).any(|i| go(rest, &n[i..])),
-            Some((c, rest)) => n.first() == Some(c) && go(rest, &n[1..]),
-        }
-    }
-    let strip = |s: &str| s.strip_prefix("/dev/").unwrap_or(s).to_owned();
-    go(strip(pattern).as_bytes(), strip(name).as_bytes())
 }
 
 #[cfg(test)]
@@ -824,14 +803,5 @@ mod tests {
         ] {
             assert!(text.contains(&record), "{file} must say \"{record}\"");
         }
-    }
-
-    #[test]
-    fn patterns() {
-        assert!(name_matches("loop*", "loop12"));
-        assert!(name_matches("/dev/sda", "sda"));
-        assert!(name_matches("*p1", "nvme0n1p1"));
-        assert!(!name_matches("loop*", "nvme0n1"));
-        assert!(!name_matches("sda", "sda1"));
     }
 }

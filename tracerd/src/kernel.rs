@@ -6,6 +6,7 @@ pub mod cgroup_series;
 pub mod cgroupfs;
 pub mod hooks;
 pub mod layout;
+pub mod ops;
 pub mod record;
 pub mod series;
 pub mod session;

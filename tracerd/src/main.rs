@@ -106,7 +106,7 @@ async fn dispatch(command: Command, color: ColorWhen) -> Result<()> {
             let interval = interval.map(|secs| report::Interval { secs, count });
             // Named as the agent's metrics name them, by path where they carry no cgroup label.
             let by_cgroup = (by == Some(By::Cgroup)).then_some(match config.cgroups.label {
-                tracerd::kernel::cgroupfs::LabelForm::None => tracerd::kernel::cgroupfs::LabelForm::Path,
+                tracerd::model::cgroups::LabelForm::None => tracerd::model::cgroups::LabelForm::Path,
                 form => form,
             });
             let view = report::View { json, by_qd: by == Some(By::Qd), by_cgroup, hist, style, interval };
@@ -127,7 +127,7 @@ async fn dispatch(command: Command, color: ColorWhen) -> Result<()> {
             top::top(style.is_on(), selection, opts, attach).await
         }
         Command::Diff { a, b, since, ago, socket, config, json } => {
-            let now = tracerd::commands::capture::unix_now();
+            let now = tracerd::model::capture::unix_now();
             let (a, b) = match (a, b, since, ago) {
                 (_, _, Some(span), Some(ago)) => (
                     diff::Source::Window { from_unix_s: now - ago - span, to_unix_s: now - ago },

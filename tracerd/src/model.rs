@@ -1,7 +1,9 @@
 //! The IO model and aggregation: stages, ops, per-layer splits, histograms per series, the
-//! device topology and which devices are traced, and the flight recorder of the past hour.
+//! device topology and which devices are traced, the flight recorder of the past hour, and
+//! the capture format that `report --save` writes and `diff` reads.
 
 pub mod aggregate;
+pub mod capture;
 pub mod cgroups;
 pub mod layers;
 pub mod op;

@@ -19,7 +19,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::{
-    commands::capture::{Capture, DeviceCapture, Hist},
+    model::capture::{Capture, DeviceCapture, Hist},
     model::op::Op,
     model::stage::Stage,
     style::Style,
@@ -425,8 +425,8 @@ mod tests {
 
     use super::*;
     use crate::{
-        commands::capture::{FORMAT, HistogramConfig, OpCapture, VERSION, tests::Rng},
         model::aggregate::{HIGHEST_NS, LOWEST_NS, SIGFIG, StageHist},
+        model::capture::{FORMAT, HistogramConfig, OpCapture, VERSION, tests::Rng},
     };
 
     fn hist(values: impl IntoIterator<Item = u64>) -> Hist {

@@ -26,7 +26,6 @@ use crate::{
     kernel::series,
     kernel::stacking::{self, Chain, ChainState},
     kernel::tracer::{self, CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, LoadOptions, Tracer},
-    model::op::OpDecoder,
     model::topology::{Device, Topology},
     serve::api,
     units,
@@ -373,7 +372,7 @@ fn btf_checks(read: std::io::Result<Vec<u8>>, kernel: &str) -> (Vec<Check>, Opti
             "this kernel's block structs differ from every layout tracerd knows: report it with `uname -r`",
         ),
     });
-    checks.push(match OpDecoder::from_btf(&btf) {
+    checks.push(match crate::kernel::ops::op_decoder(&btf) {
         Ok(_) => {
             let op = |n: &str| btf.enumerator(n).map_or("?".into(), |v| v.to_string());
             Check::new(

@@ -13,14 +13,15 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::{
-    commands::capture::{self, Capture},
     commands::histogram_view::{self, Log2Bucket},
-    kernel::cgroupfs::{CgroupNames, LabelForm, Named},
+    kernel::cgroupfs::CgroupNames,
     kernel::hooks::HookStatus,
     kernel::session::Io,
     kernel::session::{Session, shutdown_signal},
     kernel::tracer::{LoadOptions, kernel_release},
     model::aggregate::{Aggregator, Lost, OpStats, StageHist, Stages},
+    model::capture::{self, Capture},
+    model::cgroups::{LabelForm, Named},
     model::layers::Phase,
     model::op::Op,
     model::selection::Selection,
@@ -1297,7 +1298,7 @@ fn window_report(
 /// A name neither in the window nor on the host is an error, as when tracing.
 fn select_devices(capture: &mut Capture, selection: &Selection) -> Result<()> {
     let strip = |n: &str| n.strip_prefix("/dev/").unwrap_or(n).to_owned();
-    let excluded = |n: &str| selection.exclude.iter().any(|p| crate::config::name_matches(p, n));
+    let excluded = |n: &str| selection.exclude.iter().any(|p| crate::model::selection::name_matches(p, n));
     if !selection.names.is_empty() {
         let host = Topology::scan().unwrap_or_default();
         let mut keep: Vec<String> = Vec::new();

@@ -11,15 +11,16 @@ use anyhow::{Result, bail};
 use tracer_common::{SeriesAgg, agg, flag, kind};
 
 use crate::{
-    commands::capture::hostname,
     commands::snoop,
     config::Config,
     kernel::cgroup_series::{self, CgroupOf},
-    kernel::cgroupfs::{CgroupNames, Named},
+    kernel::cgroupfs::CgroupNames,
     kernel::session::{Io, Session, shutdown_signal},
     kernel::tracer::{self, Aggregation, LoadOptions, kernel_release},
     model::aggregate::{Aggregator, Lost, count_like_the_kernel},
+    model::capture::hostname,
     model::cgroups::CgroupSeries,
+    model::cgroups::Named,
     model::op::{Op, OpDecoder},
     model::recorder::{FrameBuilder, Recorder},
     model::selection::Selection,

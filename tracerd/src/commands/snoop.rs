@@ -7,10 +7,11 @@ use serde::{Deserialize, Serialize};
 use tracer_common::{event, flag, kernel_ts, kind, own};
 
 use crate::{
-    kernel::cgroupfs::{CgroupNames, Named},
+    kernel::cgroupfs::CgroupNames,
     kernel::record::comm,
     kernel::session::{Io, Session, shutdown_signal},
     kernel::tracer::LoadOptions,
+    model::cgroups::Named,
     model::layers::Phase,
     model::op::{Op, OpDecoder},
     model::selection::Selection,

@@ -20,10 +20,10 @@ use ratatui::{
 };
 
 use crate::{
-    commands::capture,
     commands::report::{DeviceReport, OpReport, Report, Rolling},
     kernel::session::{Session, shutdown_signal},
     kernel::tracer::LoadOptions,
+    model::capture,
     model::selection::Selection,
     model::stage::Stage,
     serve::api,
@@ -498,7 +498,7 @@ async fn standalone(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{commands::capture::tests::capture, model::op::Op};
+    use crate::{model::capture::tests::capture, model::op::Op};
 
     fn view(report: Report) -> View {
         View { report: Some(report), ..View::new(false) }

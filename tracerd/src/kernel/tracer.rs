@@ -201,7 +201,7 @@ impl Tracer {
         let release = kernel_release();
         let layout = layout::resolve(&btf, &release)?;
         tracing::debug!("kernel {release}: {}", layout::describe(&layout));
-        let ops = OpDecoder::from_btf(&btf)?;
+        let ops = crate::kernel::ops::op_decoder(&btf)?;
         let aya_btf = AyaBtf::from_sys_fs().ok();
         let ring_bytes = opts.ring_buffer_bytes.unwrap_or(limits::RINGBUF_BYTES);
         let (op_mask, op_read, op_write) = ops.kernel_numbers();

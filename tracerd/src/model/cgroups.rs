@@ -11,11 +11,10 @@ use std::{
 
 use tracer_common::{IoRecord, SeriesAgg};
 
-use crate::{
-    kernel::cgroupfs::{LabelForm, Named},
-    model::op::Op,
-    model::recorder::SeriesFrame,
-};
+use crate::{model::op::Op, model::recorder::SeriesFrame};
+
+mod label;
+pub use label::{LabelForm, Named};
 
 /// The label of everything folded.
 pub const OTHER: &str = "other";

@@ -879,7 +879,7 @@ mod tests {
         assert_eq!(a.submit.as_ref().unwrap().sum_ns, 5 * 3000);
         assert_eq!(a.paths, d.paths);
         // A window's capture is one `tracerd diff` reads back.
-        use crate::commands::capture::{Capture, Meta};
+        use crate::model::capture::{Capture, Meta};
         let meta = Meta { kernel: "6.18".into(), host: "h".into(), started_unix_s: 0.0, duration_s: 5.0 };
         let capture = Capture::from_aggregate(&all, &Topology::default(), &Lost::default(), meta);
         assert_eq!(Capture::parse(&serde_json::to_string(&capture).unwrap()).unwrap(), capture);

@@ -8,10 +8,7 @@ use std::collections::{HashMap, HashSet};
 use anyhow::{Result, bail};
 use tracer_common::IoRecord;
 
-use crate::{
-    config::name_matches,
-    model::topology::{Device, Topology},
-};
+use crate::model::topology::{Device, Topology};
 
 #[derive(Clone, Debug, Default)]
 pub struct Selection {
@@ -140,6 +137,20 @@ impl Resolved {
     }
 }
 
+/// Whether a device name matches a pattern (`*` matches any run of characters; a leading
+/// `/dev/` is ignored on both).
+pub fn name_matches(pattern: &str, name: &str) -> bool {
+    fn go(p: &[u8], n: &[u8]) -> bool {
+        match p.split_first() {
+            None => n.is_empty(),
+            Some((b'*', rest)) => (0..=n.len()).any(|i| go(rest, &n[i..])),
+            Some((c, rest)) => n.first() == Some(c) && go(rest, &n[1..]),
+        }
+    }
+    let strip = |s: &str| s.strip_prefix("/dev/").unwrap_or(s).to_owned();
+    go(strip(pattern).as_bytes(), strip(name).as_bytes())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,5 +226,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("unknown block device 'sdz'") && err.contains("loop0, loop0p1, loop1"), "{err}");
+    }
+
+    #[test]
+    fn patterns() {
+        assert!(name_matches("loop*", "loop12"));
+        assert!(name_matches("/dev/sda", "sda"));
+        assert!(name_matches("*p1", "nvme0n1p1"));
+        assert!(!name_matches("loop*", "nvme0n1"));
+        assert!(!name_matches("sda", "sda1"));
     }
 }

@@ -21,7 +21,7 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 use crate::{
-    commands::capture::{Capture, Meta},
+    model::capture::{Capture, Meta},
     model::recorder::{Recorder, Window},
 };
 
@@ -180,7 +180,7 @@ pub struct WindowAnswer {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gaps: Vec<GapAnswer>,
     /// Frames of the window the store could not read back (damaged on disk), left out.
-    #[serde(default, skip_serializing_if = "crate::commands::capture::is_zero")]
+    #[serde(default, skip_serializing_if = "crate::model::capture::is_zero")]
     pub damaged_frames: u64,
 }
 
@@ -514,7 +514,7 @@ async fn stream_to(
     shared: &Shared,
 ) {
     let (id, mut lines, dropped) = shared.subscribe(filter);
-    let header = serde_json::json!({ "version": VERSION, "stream": { "started_unix_s": crate::commands::capture::unix_now() } });
+    let header = serde_json::json!({ "version": VERSION, "stream": { "started_unix_s": crate::model::capture::unix_now() } });
     let mut ok = write.write_all(format!("{header}\n").as_bytes()).await.is_ok();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut scratch = [0u8; 64];

@@ -11,11 +11,11 @@ use tracer_common::IoRecord;
 use crate::{
     model::op::Op,
     model::stage::Stage,
-    serve::exposition::{Exemplar, Labels},
+    serve::exposition::{BUCKETS_S, Exemplar, Labels},
 };
 
 /// Buckets per histogram: the classic bounds and +Inf.
-const SLOTS: usize = crate::serve::metrics::BUCKETS_S.len() + 1;
+const SLOTS: usize = BUCKETS_S.len() + 1;
 
 /// One IO kept as an exemplar.
 #[derive(Clone, Debug)]
@@ -108,7 +108,7 @@ impl Exemplars {
 /// The Prometheus bucket of `ns` (index into the bounds; the last is +Inf).
 fn bucket(ns: u64) -> usize {
     let s = ns as f64 / 1e9;
-    crate::serve::metrics::BUCKETS_S.iter().position(|&le| s <= le).unwrap_or(SLOTS - 1)
+    BUCKETS_S.iter().position(|&le| s <= le).unwrap_or(SLOTS - 1)
 }
 
 #[cfg(test)]

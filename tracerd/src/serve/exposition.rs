@@ -6,6 +6,13 @@
 
 use std::fmt::Write;
 
+/// The classic histograms' bucket upper bounds (seconds), shared by the series and their
+/// exemplars: 1-2-5 steps from 1 µs to 50 s, then 60 s (the range top).
+pub const BUCKETS_S: [f64; 25] = [
+    1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5,
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 60.0,
+];
+
 /// A scrape's format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {

@@ -25,7 +25,6 @@ use tokio_rustls::{
 };
 
 use crate::{
-    config::HttpSecurity,
     serve::exposition::Format,
     serve::metrics::{self, State},
 };
@@ -33,6 +32,16 @@ use crate::{
 const MAX_HEAD: usize = 8 * 1024;
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_CONNECTIONS: usize = 64;
+
+/// TLS and basic auth of the metrics endpoint, as the config names them (files are read and
+/// checked when the server starts: `Security::load`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HttpSecurity {
+    /// PEM certificate chain and private key.
+    pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// User name and a file holding the password (its first line).
+    pub basic_auth: Option<(String, std::path::PathBuf)>,
+}
 
 /// Binds the listen address, with advice when it cannot.
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {

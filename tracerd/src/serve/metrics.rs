@@ -17,15 +17,11 @@ use crate::{
     model::recorder::{Buckets, SeriesFrame},
     model::stage::Stage,
     serve::exemplars::Exemplars,
-    serve::exposition::{Family, Format, Hist, Kind, Labels, Native, Sample, Value, protobuf, text},
+    serve::exposition::{
+        BUCKETS_S, Family, Format, Hist, Kind, Labels, Native, Sample, Value, protobuf, text,
+    },
     serve::process::ProcessStats,
 };
-
-/// Bucket upper bounds (seconds): 1-2-5 steps from 1 µs to 50 s, then 60 s (the range top).
-pub const BUCKETS_S: [f64; 25] = [
-    1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5,
-    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 60.0,
-];
 
 /// A per-series counter: name, help, and how to read it.
 type Counter = (&'static str, &'static str, fn(&crate::model::aggregate::OpStats) -> u64);
@@ -718,7 +714,7 @@ mod tests {
 
     #[test]
     fn with_cgroups_the_stage_and_request_metrics_carry_the_label_and_add_up() {
-        use crate::kernel::cgroupfs::LabelForm;
+        use crate::model::cgroups::LabelForm;
         use crate::model::cgroups::{CgroupLimits, CgroupSeries, Unnamed};
         let mut state = sample_state();
         let mut c = CgroupSeries::new(CgroupLimits { label: LabelForm::Path, top: 1, ..Default::default() });
@@ -755,7 +751,7 @@ mod tests {
     /// Every family the agent can serve, with its type and the label names its samples carry:
     /// a state with every optional part present (stacked device, recorder, cgroup labels).
     fn served_families() -> std::collections::BTreeMap<&'static str, (&'static str, BTreeSet<&'static str>)> {
-        use crate::kernel::cgroupfs::LabelForm;
+        use crate::model::cgroups::LabelForm;
         use crate::model::cgroups::{CgroupLimits, CgroupSeries};
         let mut plain = sample_state();
         let mut r = IoRecord { kind: kind::BIO, submit_ns: 4000, ..Default::default() };
