@@ -504,7 +504,7 @@ fn report_hist_counts_every_read_and_colours_only_when_asked() {
 
     let out = coloured.stdout_text();
     assert!(out.contains("\x1b["), "--color always colours a file too:\n{out}");
-    let stripped = hist_rows(&tracerd::style::strip(&out), &dev.name, "read");
+    let stripped = hist_rows(&tracerd::view::style::strip(&out), &dev.name, "read");
     assert_eq!(stripped.iter().map(|r| r.2).sum::<u64>(), N, "coloured, the same text:\n{out}");
 
     let v: Value = serde_json::from_str(&json.stdout_text()).expect("report --json is JSON");

@@ -6,6 +6,7 @@ use crate::kernel::tracer::{Aggregation, Attach};
 use clap::{Args, Parser, Subcommand, ValueEnum, builder::PossibleValue};
 
 use crate::model::stage::Stage;
+pub use crate::view::style::ColorWhen;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9560";
 
@@ -254,18 +255,6 @@ pub enum By {
     Qd,
     /// The cgroup each IO is charged to (named as config cgroups.label says; path by default).
     Cgroup,
-}
-
-/// When to colour text output (see `style`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
-pub enum ColorWhen {
-    /// Only on a terminal, unless NO_COLOR is set or TERM is dumb.
-    #[default]
-    Auto,
-    /// Always, even into a pipe or file.
-    Always,
-    /// Never.
-    Never,
 }
 
 /// Stages by the names stage.rs gives them (`d2c`; any case on the command line).

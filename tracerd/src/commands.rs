@@ -1,10 +1,9 @@
-//! The commands: the agent (`run`), `report` and its histogram view, `snoop`,
+//! The commands: the agent (`run`), `report`, `snoop`,
 //! `diff`, `doctor`, `top`; shell completions and man pages (`generate`).
 
 pub mod diff;
 pub mod doctor;
 pub mod generate;
-pub mod histogram_view;
 pub mod report;
 pub mod run;
 pub mod snoop;

@@ -9,6 +9,7 @@ pub mod kernel;
 pub mod model;
 pub mod reference;
 pub mod serve;
+pub mod source;
 pub mod store;
-pub mod style;
 pub mod units;
+pub mod view;

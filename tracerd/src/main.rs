@@ -16,7 +16,8 @@ use tracerd::{
     kernel::tracer::LoadOptions,
     model::aggregate,
     model::selection::Selection,
-    style::Style,
+    source, view,
+    view::style::Style,
 };
 
 fn main() {
@@ -103,15 +104,16 @@ async fn dispatch(command: Command, color: ColorWhen) -> Result<()> {
             trace,
         } => {
             let (config, selection, opts) = settings(trace, Flags::default())?;
-            let interval = interval.map(|secs| report::Interval { secs, count });
+            let interval = interval.map(|secs| view::report::Interval { secs, count });
             // Named as the agent's metrics name them, by path where they carry no cgroup label.
             let by_cgroup = (by == Some(By::Cgroup)).then_some(match config.cgroups.label {
                 tracerd::model::cgroups::LabelForm::None => tracerd::model::cgroups::LabelForm::Path,
                 form => form,
             });
-            let view = report::View { json, by_qd: by == Some(By::Qd), by_cgroup, hist, style, interval };
-            let source = report::Source::from_args(since, from.as_deref(), to.as_deref(), standalone)?;
-            let attach = report::Attach { source, socket: config.socket, store };
+            let view =
+                view::report::View { json, by_qd: by == Some(By::Qd), by_cgroup, hist, style, interval };
+            let source = source::Source::from_args(since, from.as_deref(), to.as_deref(), standalone)?;
+            let attach = source::Attach { source, socket: config.socket, store };
             report::report(duration, view, save.as_deref(), selection, opts, attach).await
         }
         Command::Snoop { json, duration, min_latency, pid, comm, standalone, trace } => {

@@ -22,8 +22,8 @@ use crate::{
     model::capture::{Capture, DeviceCapture, Hist},
     model::op::Op,
     model::stage::Stage,
-    style::Style,
     units,
+    view::style::Style,
 };
 
 /// The quantiles compared, with their column names.
@@ -394,7 +394,7 @@ impl Source {
         match self {
             Source::File(path) => Ok((Capture::load(path)?, path.display().to_string())),
             Source::Window { from_unix_s, to_unix_s } => {
-                let w = crate::commands::report::window(socket, *from_unix_s, *to_unix_s, false)?;
+                let w = crate::source::agent::window(socket, *from_unix_s, *to_unix_s, false)?;
                 let name = format!(
                     "agent {}..{}",
                     crate::units::rfc3339(w.from_unix_s),
@@ -668,7 +668,7 @@ too few samples: under 20 in the stage, or under 5 expected beyond the quantile;
         assert_eq!(d.render_text(), BEFORE);
         assert_eq!(d.render_text_styled(Style::PLAIN), BEFORE);
         let coloured = d.render_text_styled(Style::COLOR);
-        assert_eq!(crate::style::strip(&coloured), BEFORE);
+        assert_eq!(crate::view::style::strip(&coloured), BEFORE);
         // B is slower at p99 and p99.9: those rows red; p50, within the noise, plain.
         let rows: Vec<&str> = coloured.lines().filter(|l| l.contains(" p99")).collect();
         assert!(rows.iter().all(|l| l.starts_with("\x1b[31m") && l.ends_with(" *\x1b[39m")), "{coloured}");

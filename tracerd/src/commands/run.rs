@@ -11,7 +11,6 @@ use anyhow::{Result, bail};
 use tracer_common::{SeriesAgg, agg, flag, kind};
 
 use crate::{
-    commands::snoop,
     config::Config,
     kernel::cgroup_series::{self, CgroupOf},
     kernel::cgroupfs::CgroupNames,
@@ -30,6 +29,7 @@ use crate::{
     serve::metrics::{RecorderGauges, State, StoreGauges},
     store::{Start, Store},
     units::unix_ms,
+    view::io_line as snoop,
 };
 
 /// How often devices are rescanned, lost counters refreshed and the kernel's series folded.

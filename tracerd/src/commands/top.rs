@@ -20,14 +20,15 @@ use ratatui::{
 };
 
 use crate::{
-    commands::report::{DeviceReport, OpReport, Report, Rolling},
     kernel::session::{Session, shutdown_signal},
     kernel::tracer::LoadOptions,
     model::capture,
     model::selection::Selection,
     model::stage::Stage,
     serve::api,
+    source::rolling::Rolling,
     units,
+    view::report::{DeviceReport, OpReport, Report},
 };
 
 /// The stages `tab` cycles through for the two percentile columns.
@@ -447,7 +448,7 @@ async fn from_agent(
                     let w: api::WindowAnswer = api::call(socket, &request, "window")?;
                     from = newest;
                     if !view.paused {
-                        view.report = Some(crate::commands::report::window_report_for(w, selection, socket)?);
+                        view.report = Some(crate::view::report::window_report_for(w, selection, socket)?);
                     }
                 }
             }

@@ -17,7 +17,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 use hdrhistogram::Histogram;
 use serde::{Serialize, Serializer, ser::SerializeStruct};
 
-use crate::{style::Style, units};
+use crate::{units, view::style::Style};
 
 /// Width of the bar of the row with the largest count.
 pub const BAR_WIDTH: usize = 40;
@@ -253,7 +253,7 @@ mod tests {
         let h = hist(&[(5_000, 10), (70_000, 1)]);
         let coloured = render_buckets(&buckets(&h), Style::COLOR);
         assert_ne!(coloured, render(&h));
-        assert_eq!(crate::style::strip(&coloured), render(&h));
+        assert_eq!(crate::view::style::strip(&coloured), render(&h));
         assert!(coloured.contains("|\x1b[36m****"), "{coloured}");
     }
 

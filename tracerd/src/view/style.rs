@@ -8,7 +8,19 @@
 
 use std::ffi::OsStr;
 
-use crate::cli::ColorWhen;
+use clap::ValueEnum;
+
+/// When to colour text output (`--color`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum ColorWhen {
+    /// Only on a terminal, unless NO_COLOR is set or TERM is dumb.
+    #[default]
+    Auto,
+    /// Always, even into a pipe or file.
+    Always,
+    /// Never.
+    Never,
+}
 
 /// Whether to emphasise; `Copy` so renderers take it by value.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -1,0 +1,149 @@
+//! Building a report from an aggregate: per device and op, its stages, layers and cgroups.
+
+use std::collections::BTreeMap;
+
+use crate::{
+    kernel::hooks::HookStatus,
+    model::aggregate::{Aggregator, Lost, OpStats},
+    model::capture,
+    model::layers::Phase,
+    model::op::Op,
+    model::stage::{self, Stage},
+    model::topology::Topology,
+    view::histogram as histogram_view,
+};
+
+use super::*;
+
+impl OpReport {
+    fn build(
+        op: Op,
+        s: &OpStats,
+        duration_s: f64,
+        hist: Option<Stage>,
+        name: impl Fn(u32) -> String,
+    ) -> OpReport {
+        let mut stages = summaries(&s.stages);
+        if let Some((summary, h)) = hist.and_then(|st| Some((stages.get_mut(&st)?, s.stage(st)?))) {
+            summary.log2_buckets = Some(histogram_view::buckets(&h.hist));
+        }
+        OpReport {
+            op,
+            requests: s.requests,
+            bytes: s.bytes,
+            merged_bios: s.merged_bios,
+            errors: s.errors,
+            unlinked: s.unlinked,
+            unlinked_kinds: capture::own_kinds(&s.own),
+            iops: s.requests as f64 / duration_s,
+            bytes_per_second: s.bytes as f64 / duration_s,
+            queue_depth_mean: (s.queue_depth.count > 0)
+                .then(|| s.queue_depth.sum as f64 / s.queue_depth.count as f64),
+            paths: s
+                .paths
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| **n > 0)
+                .map(|(m, n)| (stage::path_of_mask(m), *n))
+                .collect(),
+            stages,
+            by_queue_depth: s
+                .by_qd
+                .iter()
+                .map(|(&queue_depth, st)| QueueDepthReport { queue_depth, stages: summaries(st) })
+                .collect(),
+            layers: s
+                .layers
+                .iter()
+                .map(|(&lower, l)| LayerReport {
+                    lower: name(lower),
+                    ios: l.ios,
+                    lower_ios: l.lower_ios,
+                    phases: Phase::ALL
+                        .iter()
+                        .zip(&l.phases)
+                        .map(|(p, h)| (*p, StageSummary::of(h)))
+                        .collect(),
+                })
+                .collect(),
+            submit_path: [("submit_bio", &s.submit), ("personality", &s.personality)]
+                .into_iter()
+                .filter_map(|(k, h)| Some((k, StageSummary::of(h.as_deref()?))))
+                .collect(),
+            qos_wait: s.qos.iter().map(|(&p, h)| (stage::qos_name(p), StageSummary::of(h))).collect(),
+        }
+    }
+}
+
+impl Report {
+    pub fn build(
+        agg: &Aggregator,
+        topo: &Topology,
+        lost: &Lost,
+        hooks: &[HookStatus],
+        kernel: &str,
+        duration_s: f64,
+    ) -> Report {
+        Report::build_with(agg, topo, lost, hooks, kernel, duration_s, None)
+    }
+
+    /// `build`, with the log2 histogram of stage `hist` in every op that has it.
+    pub fn build_with(
+        agg: &Aggregator,
+        topo: &Topology,
+        lost: &Lost,
+        hooks: &[HookStatus],
+        kernel: &str,
+        duration_s: f64,
+        hist: Option<Stage>,
+    ) -> Report {
+        let duration_s = duration_s.max(1e-9);
+        let mut devices: Vec<DeviceReport> = Vec::new();
+        for (device, op, stats) in agg.sorted() {
+            let op_report = OpReport::build(op, stats, duration_s, hist, |d| agg.name(d).to_owned());
+            match devices.last_mut() {
+                Some(d) if d.device == device => d.ops.push(op_report),
+                _ => {
+                    let known = topo.by_name(device);
+                    devices.push(DeviceReport {
+                        device: device.to_owned(),
+                        label: known.map_or_else(|| device.to_owned(), |d| d.label()),
+                        lowers: known.map(|d| d.lowers.clone()).unwrap_or_default(),
+                        uppers: known.map(|d| d.uppers.clone()).unwrap_or_default(),
+                        ops: vec![op_report],
+                    })
+                }
+            }
+        }
+        Report {
+            schema_version: SCHEMA_VERSION,
+            kernel: kernel.to_owned(),
+            duration_s,
+            devices,
+            lost: lost.reasons().into_iter().collect(),
+            hooks: hooks.to_vec(),
+            hist,
+            from_agent: None,
+            slowest: vec![],
+            by_cgroup: vec![],
+        }
+    }
+
+    /// Adds the tables of each cgroup's aggregate (`--by cgroup`).
+    pub fn with_cgroups(
+        mut self,
+        cgroups: &BTreeMap<String, Aggregator>,
+        topo: &Topology,
+        hist: Option<Stage>,
+    ) -> Report {
+        let none = Lost::default();
+        self.by_cgroup = cgroups
+            .iter()
+            .map(|(cgroup, agg)| CgroupReport {
+                cgroup: cgroup.clone(),
+                devices: Report::build_with(agg, topo, &none, &[], "", self.duration_s, hist).devices,
+            })
+            .collect();
+        self
+    }
+}
