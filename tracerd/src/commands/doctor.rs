@@ -19,7 +19,7 @@ mod render;
 mod throttling;
 mod tracepoints;
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 
 use anyhow::Result;
 
@@ -33,6 +33,7 @@ use crate::{
     kernel::tracer::{self, LoadOptions, Tracer},
     model::topology::{Device, Topology},
     serve::api,
+    style::Style,
 };
 
 pub use check::{Check, Status, passed};
@@ -51,16 +52,15 @@ use kprobes::{KALLSYMS, kprobe_checks, module_state};
 use throttling::{rq_qos_check, throttle_check};
 use tracepoints::tracepoint_checks;
 
-/// Runs every check, prints them (text or JSON); returns whether nothing FAILed.
+/// Runs every check, prints them (text in `style`, or JSON); returns whether nothing FAILed.
 /// `socket`: where a running agent is looked for (the views' socket).
-pub fn doctor(json: bool, load: bool, socket: &std::path::Path) -> Result<bool> {
+pub fn doctor(json: bool, load: bool, socket: &std::path::Path, style: Style) -> Result<bool> {
     let checks = run_checks(load, socket);
     let mut out = std::io::stdout().lock();
     if json {
         writeln!(out, "{}", serde_json::to_string_pretty(&checks)?)?;
     } else {
-        let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-        write!(out, "{}", render(&checks, colour))?;
+        write!(out, "{}", render(&checks, style))?;
     }
     out.flush()?;
     Ok(passed(&checks))

@@ -21,14 +21,6 @@ impl Status {
             Status::Fail => "FAIL",
         }
     }
-
-    pub(super) fn colour(self) -> &'static str {
-        match self {
-            Status::Ok => "\x1b[32m",
-            Status::Warn => "\x1b[33m",
-            Status::Fail => "\x1b[1;31m",
-        }
-    }
 }
 
 /// One line of the report; the JSON output is an array of these.

@@ -1,5 +1,7 @@
 //! The text form of the checks: one aligned line per check, then the verdict, coloured by status.
 
+use crate::style::Style;
+
 use super::check::{Check, Status, passed};
 
 /// The closing line: the verdict, and the first failure or the warnings.
@@ -24,15 +26,21 @@ pub fn summary(checks: &[Check]) -> String {
     }
 }
 
+/// `text` in its status' colour: a failure stands out most.
+fn paint(style: Style, text: &str, status: Status) -> String {
+    match status {
+        Status::Ok => style.green(text),
+        Status::Warn => style.yellow(text),
+        Status::Fail => style.bold(&style.red(text)),
+    }
+}
+
 /// One line per check (`status  name  detail -> advice`), then the summary.
-pub fn render(checks: &[Check], colour: bool) -> String {
+pub fn render(checks: &[Check], style: Style) -> String {
     let width = checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
-    let paint = |text: &str, status: Status| {
-        if colour { format!("{}{text}\x1b[0m", status.colour()) } else { text.to_owned() }
-    };
     let mut out = String::new();
     for c in checks {
-        let label = paint(&format!("{:<4}", c.status.label()), c.status);
+        let label = paint(style, &format!("{:<4}", c.status.label()), c.status);
         out.push_str(&format!("{label}  {:<width$}  {}", c.name, c.detail));
         if let Some(advice) = &c.advice {
             out.push_str(" -> ");
@@ -42,7 +50,7 @@ pub fn render(checks: &[Check], colour: bool) -> String {
     }
     let verdict = if passed(checks) { Status::Ok } else { Status::Fail };
     out.push('\n');
-    out.push_str(&paint(&summary(checks), verdict));
+    out.push_str(&paint(style, &summary(checks), verdict));
     out.push('\n');
     out
 }
@@ -62,7 +70,7 @@ mod tests {
             check("kprobes", Status::Warn).advice("use another kernel"),
             check("tracepoint:block_rq_issue", Status::Ok),
         ];
-        let plain = render(&checks, false);
+        let plain = render(&checks, Style::PLAIN);
         let lines: Vec<&str> = plain.lines().collect();
         assert_eq!(lines[0], "ok    kernel                     kernel detail");
         assert_eq!(lines[1], "warn  kprobes                    kprobes detail -> use another kernel");
@@ -70,15 +78,15 @@ mod tests {
         assert_eq!(lines[3], "");
         assert!(lines[4].starts_with("tracerd will work here"), "{}", lines[4]);
         assert!(!plain.contains('\x1b'), "no escapes without colour");
-        let coloured = render(&checks, true);
-        assert!(coloured.contains("\x1b[33mwarn\x1b[0m  kprobes "), "{coloured:?}");
+        let coloured = render(&checks, Style::COLOR);
+        assert!(coloured.contains("\x1b[33mwarn\x1b[39m  kprobes "), "{coloured:?}");
         assert_eq!(coloured.lines().count(), lines.len());
     }
 
     #[test]
     fn fail_label_is_upper_case_and_json_has_the_four_fields() {
         let c = check("privileges", Status::Fail).advice("sudo");
-        assert!(render(std::slice::from_ref(&c), false).starts_with("FAIL  privileges"));
+        assert!(render(std::slice::from_ref(&c), Style::PLAIN).starts_with("FAIL  privileges"));
         let v: serde_json::Value = serde_json::to_value([c, check("kernel", Status::Ok)]).unwrap();
         assert_eq!(v[0]["name"], "privileges");
         assert_eq!(v[0]["status"], "fail");
@@ -110,8 +118,8 @@ mod tests {
             summary(&failed),
             "tracerd cannot run here: privileges: privileges detail (2 checks failed)"
         );
-        assert!(render(&failed, true).ends_with(
-            "\x1b[1;31mtracerd cannot run here: privileges: privileges detail (2 checks failed)\x1b[0m\n"
+        assert!(render(&failed, Style::COLOR).ends_with(
+            "\x1b[1m\x1b[31mtracerd cannot run here: privileges: privileges detail (2 checks failed)\x1b[39m\x1b[22m\n"
         ));
     }
 }
