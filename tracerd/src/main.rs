@@ -149,7 +149,7 @@ async fn dispatch(command: Command, color: ColorWhen) -> Result<()> {
         }
         Command::Doctor { json, no_load, socket, config } => {
             // A FAIL is a finding, already printed: exit 1 without an error line.
-            if !doctor::doctor(json, !no_load, &agent_socket(socket, config.as_deref())?)? {
+            if !doctor::doctor(json, !no_load, &agent_socket(socket, config.as_deref())?, style)? {
                 std::process::exit(1);
             }
             Ok(())
