@@ -18,11 +18,29 @@ use crate::root_dir;
 /// from a fixed-rate-only run.
 pub(super) fn summarize(results: &Results, costs: &Results, rest: Option<(&Soak, &str, &str)>) -> String {
     let mut out = String::new();
-    let med = |v: &[Sample], f: fn(&Sample) -> Option<f64>| {
-        let vals: Vec<f64> = v.iter().filter_map(f).collect();
-        (!vals.is_empty()).then(|| median(vals))
-    };
-    let pct = |v: f64| format!("{:.1}%", v * 100.0);
+    let mut verdicts: Vec<(String, bool)> = Vec::new();
+    let missed = iops_table(&mut out, &mut verdicts, results, costs);
+    if !costs.is_empty() {
+        bpf_table(&mut out, &mut verdicts, costs);
+    }
+    if let Some(rest) = rest {
+        soak_lines(&mut out, &mut verdicts, rest, missed);
+    }
+    let _ = writeln!(out, "\ntargets:");
+    for (what, ok) in verdicts {
+        let _ = writeln!(out, "  {:<62} {}", what, if ok { "met" } else { "NOT met" });
+    }
+    out
+}
+
+/// The IOPS table, row by row with the lines under each row, and its targets; returns the
+/// missed completions `tracerd run` counted.
+fn iops_table(
+    out: &mut String,
+    verdicts: &mut Vec<(String, bool)>,
+    results: &Results,
+    costs: &Results,
+) -> u64 {
     let _ = writeln!(
         out,
         "\nIOPS (kernel.bpf_stats_enabled off; loss against the no-tracer run of the same round: median, and min..max over rounds)"
@@ -34,7 +52,6 @@ pub(super) fn summarize(results: &Results, costs: &Results, rest: Option<(&Soak,
     );
     let mut workloads: Vec<&String> = results.keys().map(|(w, _)| w).collect();
     workloads.dedup();
-    let mut verdicts: Vec<(String, bool)> = Vec::new();
     let mut missed = 0u64;
     for w in workloads {
         let noise = noise(results, w);
@@ -89,7 +106,7 @@ pub(super) fn summarize(results: &Results, costs: &Results, rest: Option<(&Soak,
             );
         }
         if w.ends_with("% rate") {
-            verdicts.extend(fixed_rate_lines(&mut out, results, costs, w));
+            verdicts.extend(fixed_rate_lines(out, results, costs, w));
         }
         // A fixed-rate-only run has the untraced saturated runs alone: nothing to judge there.
         let ran = |v: Variant| results.contains_key(&(w.clone(), v));
@@ -106,103 +123,120 @@ pub(super) fn summarize(results: &Results, costs: &Results, rest: Option<(&Soak,
             }
         }
     }
-    if !costs.is_empty() {
-        let _ = writeln!(
-            out,
-            "\nBPF run time per IO (separate runs, kernel.bpf_stats_enabled on, so each program run also pays two clock reads)"
-        );
-        let _ = writeln!(out, "{:<18} {:<15} {:>9} {:>9}", "workload", "variant", "programs", "BPF/IO");
-        let mut workloads: Vec<&String> = costs.keys().map(|(w, _)| w).collect();
-        workloads.dedup();
-        for w in workloads {
-            for v in ALL {
-                let Some(samples) = costs.get(&(w.clone(), v)) else { continue };
-                let programs = samples.iter().map(|s| s.bpf_programs).max().unwrap_or(0);
-                let _ = writeln!(
-                    out,
-                    "{:<18} {:<15} {:>9} {:>9}",
-                    w,
-                    v.name(),
-                    programs,
-                    fmt_ns(med(samples, |s| s.bpf_ns_per_io))
-                );
-                // The profile behind the total: which program costs what, and how often it
-                // runs per IO (a tracer with more hooks pays per hook); programs that never ran
-                // are left out.
-                let mut names: Vec<&String> = samples.iter().flat_map(|s| s.bpf_by_program.keys()).collect();
-                names.sort();
-                names.dedup();
-                let parts: Vec<String> = names
-                    .iter()
-                    .filter_map(|n| {
-                        let of = |i: usize| {
-                            let v: Vec<f64> = samples
-                                .iter()
-                                .filter_map(|s| s.bpf_by_program.get(*n))
-                                .map(|p| [p.0, p.1][i])
-                                .collect();
-                            (!v.is_empty()).then(|| median(v))
-                        };
-                        let (ns, runs) = (of(0), of(1));
-                        (runs.unwrap_or(0.0) > 0.0)
-                            .then(|| format!("{n} {} x{:.2}", fmt_ns(ns), runs.unwrap_or(0.0)))
-                    })
-                    .collect();
-                if !parts.is_empty() {
-                    let _ = writeln!(out, "{:<18}   per program (ns/IO, runs/IO): {}", "", parts.join(", "));
-                }
-            }
-            let bpf = |v| costs.get(&(w.clone(), v)).and_then(|s| med(s, |s| s.bpf_ns_per_io));
-            if let (Some(t), Some(b)) = (bpf(Variant::TracerdRun), bpf(Variant::Biolatency)) {
-                verdicts.push((format!("{w}: tracerd run BPF/IO <= biolatency's"), t <= b));
+    missed
+}
+
+/// The BPF run time per IO table, with each program's share, and its targets.
+fn bpf_table(out: &mut String, verdicts: &mut Vec<(String, bool)>, costs: &Results) {
+    let _ = writeln!(
+        out,
+        "\nBPF run time per IO (separate runs, kernel.bpf_stats_enabled on, so each program run also pays two clock reads)"
+    );
+    let _ = writeln!(out, "{:<18} {:<15} {:>9} {:>9}", "workload", "variant", "programs", "BPF/IO");
+    let mut workloads: Vec<&String> = costs.keys().map(|(w, _)| w).collect();
+    workloads.dedup();
+    for w in workloads {
+        for v in ALL {
+            let Some(samples) = costs.get(&(w.clone(), v)) else { continue };
+            let programs = samples.iter().map(|s| s.bpf_programs).max().unwrap_or(0);
+            let _ = writeln!(
+                out,
+                "{:<18} {:<15} {:>9} {:>9}",
+                w,
+                v.name(),
+                programs,
+                fmt_ns(med(samples, |s| s.bpf_ns_per_io))
+            );
+            // The profile behind the total: which program costs what, and how often it
+            // runs per IO (a tracer with more hooks pays per hook); programs that never ran
+            // are left out.
+            let mut names: Vec<&String> = samples.iter().flat_map(|s| s.bpf_by_program.keys()).collect();
+            names.sort();
+            names.dedup();
+            let parts: Vec<String> = names
+                .iter()
+                .filter_map(|n| {
+                    let of = |i: usize| {
+                        let v: Vec<f64> = samples
+                            .iter()
+                            .filter_map(|s| s.bpf_by_program.get(*n))
+                            .map(|p| [p.0, p.1][i])
+                            .collect();
+                        (!v.is_empty()).then(|| median(v))
+                    };
+                    let (ns, runs) = (of(0), of(1));
+                    (runs.unwrap_or(0.0) > 0.0)
+                        .then(|| format!("{n} {} x{:.2}", fmt_ns(ns), runs.unwrap_or(0.0)))
+                })
+                .collect();
+            if !parts.is_empty() {
+                let _ = writeln!(out, "{:<18}   per program (ns/IO, runs/IO): {}", "", parts.join(", "));
             }
         }
+        let bpf = |v| costs.get(&(w.clone(), v)).and_then(|s| med(s, |s| s.bpf_ns_per_io));
+        if let (Some(t), Some(b)) = (bpf(Variant::TracerdRun), bpf(Variant::Biolatency)) {
+            verdicts.push((format!("{w}: tracerd run BPF/IO <= biolatency's"), t <= b));
+        }
     }
-    if let Some((soak, records, recorder)) = rest {
-        let rss = &soak.rss;
-        let (first, last, peak) = (
-            rss.first().copied().unwrap_or(0),
-            rss.last().copied().unwrap_or(0),
-            rss.iter().max().copied().unwrap_or(0),
-        );
-        let drift = if first > 0 { (last as f64 - first as f64) / first as f64 } else { f64::NAN };
-        let _ = writeln!(
-            out,
-            "\nsoak: tracerd run at saturation for {} s: lost events {} ({}), RSS first {:.1} MiB, last {:.1} MiB, peak {:.1} MiB (drift {:+.1}%)",
-            soak.seconds,
-            soak.lost,
-            reasons_text(&soak.reasons),
-            first as f64 / 1024.0,
-            last as f64 / 1024.0,
-            peak as f64 / 1024.0,
-            drift * 100.0
-        );
-        let _ = writeln!(out, "{records}");
-        let _ = writeln!(out, "{recorder}");
-        missed += soak.reasons.get("missed_completion").copied().unwrap_or(0);
-        verdicts.push((format!("no missed_completion (tracerd run, bench and soak: {missed})"), missed == 0));
-        verdicts.push(("zero lost events in the soak".into(), soak.lost == 0));
-        verdicts.push(("daemon RSS under 64 MiB".into(), peak > 0 && peak < 64 * 1024));
-        verdicts.push(("RSS flat within 5% over the soak".into(), drift.abs() <= 0.05));
-        verdicts.push((
-            "decode+aggregate >= 5 M records/s".into(),
-            records.contains("met") && !records.contains("NOT met"),
-        ));
-        let line = |prefix: &str| recorder.lines().find(|l| l.starts_with(prefix)).unwrap_or_default();
-        verdicts.push((
-            "flight recorder: 8 busy devices for its whole hour within its bound".into(),
-            line("recorder: ").ends_with(": met"),
-        ));
-        verdicts.push((
-            "recorder store: a day of 8 busy devices within its default bound".into(),
-            line("recorder store: an hour").ends_with(": met"),
-        ));
-    }
-    let _ = writeln!(out, "\ntargets:");
-    for (what, ok) in verdicts {
-        let _ = writeln!(out, "  {:<62} {}", what, if ok { "met" } else { "NOT met" });
-    }
-    out
+}
+
+/// The soak's line, the records and recorder benchmarks' lines, and their targets; `missed` is
+/// what the bench counted before the soak.
+fn soak_lines(
+    out: &mut String,
+    verdicts: &mut Vec<(String, bool)>,
+    (soak, records, recorder): (&Soak, &str, &str),
+    mut missed: u64,
+) {
+    let rss = &soak.rss;
+    let (first, last, peak) = (
+        rss.first().copied().unwrap_or(0),
+        rss.last().copied().unwrap_or(0),
+        rss.iter().max().copied().unwrap_or(0),
+    );
+    let drift = if first > 0 { (last as f64 - first as f64) / first as f64 } else { f64::NAN };
+    let _ = writeln!(
+        out,
+        "\nsoak: tracerd run at saturation for {} s: lost events {} ({}), RSS first {:.1} MiB, last {:.1} MiB, peak {:.1} MiB (drift {:+.1}%)",
+        soak.seconds,
+        soak.lost,
+        reasons_text(&soak.reasons),
+        first as f64 / 1024.0,
+        last as f64 / 1024.0,
+        peak as f64 / 1024.0,
+        drift * 100.0
+    );
+    let _ = writeln!(out, "{records}");
+    let _ = writeln!(out, "{recorder}");
+    missed += soak.reasons.get("missed_completion").copied().unwrap_or(0);
+    verdicts.push((format!("no missed_completion (tracerd run, bench and soak: {missed})"), missed == 0));
+    verdicts.push(("zero lost events in the soak".into(), soak.lost == 0));
+    verdicts.push(("daemon RSS under 64 MiB".into(), peak > 0 && peak < 64 * 1024));
+    verdicts.push(("RSS flat within 5% over the soak".into(), drift.abs() <= 0.05));
+    verdicts.push((
+        "decode+aggregate >= 5 M records/s".into(),
+        records.contains("met") && !records.contains("NOT met"),
+    ));
+    let line = |prefix: &str| recorder.lines().find(|l| l.starts_with(prefix)).unwrap_or_default();
+    verdicts.push((
+        "flight recorder: 8 busy devices for its whole hour within its bound".into(),
+        line("recorder: ").ends_with(": met"),
+    ));
+    verdicts.push((
+        "recorder store: a day of 8 busy devices within its default bound".into(),
+        line("recorder store: an hour").ends_with(": met"),
+    ));
+}
+
+/// The median of one figure over samples; `None` where no sample has it.
+fn med(v: &[Sample], f: fn(&Sample) -> Option<f64>) -> Option<f64> {
+    let vals: Vec<f64> = v.iter().filter_map(f).collect();
+    (!vals.is_empty()).then(|| median(vals))
+}
+
+/// A fraction as a percentage, to one decimal.
+fn pct(v: f64) -> String {
+    format!("{:.1}%", v * 100.0)
 }
 
 /// The lines under a fixed-rate row, and its cost verdicts. Every figure is paired within a
