@@ -12,7 +12,6 @@
 //!   md/dm/brd/null_blk
 
 mod bench;
-mod bench_stacks;
 mod cpio;
 mod dist;
 mod docs;
@@ -134,7 +133,7 @@ fn real_main() -> Result<()> {
         }
         Cmd::Test { unit_only, stress } => test(unit_only, stress),
         Cmd::Bench { stacks: true, seconds, rounds, kernel, .. } => {
-            bench_stacks::bench_stacks(bench_stacks::Options { kernel, seconds, rounds })
+            bench::bench_stacks(bench::StacksOptions { kernel, seconds, rounds })
         }
         Cmd::Bench { seconds, rounds, soak_seconds, soak_only, fixed_rate_only, .. } => {
             bench::bench(bench::Options { seconds, rounds, soak_seconds, soak_only, fixed_rate_only })

@@ -9,17 +9,16 @@
 //! IOs fio did; variants are interleaved over rounds. The guest runs under TCG, so its absolute
 //! figures are many times a real machine's: read the differences and ratios within one run.
 
-use std::{collections::BTreeMap, fmt::Write as _, fs, process::Command, time::Duration};
+use std::{collections::BTreeMap, fmt::Write as _, fs, time::Duration};
 
 use anyhow::{Context, Result, bail};
 
-use crate::{root_dir, vm};
-
-pub struct Options {
-    pub kernel: String,
-    pub seconds: u64,
-    pub rounds: usize,
-}
+use super::{
+    machine::out_dir,
+    results::{provenance, utc_now},
+    stats::median,
+};
+use crate::{root_dir, setup, vm};
 
 /// The variants, in the order each round runs them.
 const VARIANTS: [&str; 3] = ["none", "tracerd", "biolatency"];
@@ -136,19 +135,14 @@ fn parse(section: &str) -> Result<(Runs, BTreeMap<String, u64>)> {
     Ok((runs, rates))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() { f64::NAN } else { v[v.len() / 2] }
-}
-
 /// Guest ticks are USER_HZ (100 a second on every Debian kernel).
 const TICK_NS: f64 = 1e7;
 
-fn summarize(runs: &Runs, rates: &BTreeMap<String, u64>, opts: &Options) -> String {
+fn summarize(runs: &Runs, rates: &BTreeMap<String, u64>, seconds: u64, rounds: usize) -> String {
     let per_io = |r: &Run, ticks: u64| ticks as f64 * TICK_NS / r.ios.max(1) as f64;
     let mut text = format!(
         "CPU per IO on stacks, guest busy time over IOs (median of {} rounds of {} s; fio randrw 4 KiB qd 8 at 25% of the untraced rate):\n",
-        opts.rounds, opts.seconds
+        rounds, seconds
     );
     let _ = writeln!(
         text,
@@ -165,7 +159,7 @@ fn summarize(runs: &Runs, rates: &BTreeMap<String, u64>, opts: &Options) -> Stri
         let base = cpu("none");
         for v in VARIANTS {
             let Some(rs) = runs.get(&(stack.clone(), v.to_string())) else { continue };
-            let iops = median(rs.iter().map(|r| r.ios as f64 / opts.seconds as f64).collect());
+            let iops = median(rs.iter().map(|r| r.ios as f64 / seconds as f64).collect());
             let own = median(rs.iter().map(|r| per_io(r, r.tracer_ticks)).collect());
             let lost: Option<u64> = rs.iter().map(|r| r.lost).sum();
             let over = cpu(v).zip(base).map(|(c, b)| c - b);
@@ -210,21 +204,23 @@ fn summarize(runs: &Runs, rates: &BTreeMap<String, u64>, opts: &Options) -> Stri
 /// The results page for `--stacks`, next to the host benchmark's.
 const RESULTS_PAGE: &str = "docs/internals/overhead-stacks-results.md";
 
-pub fn bench_stacks(opts: Options) -> Result<()> {
-    let series = vm::KernelSeries::select(&opts.kernel)?;
+/// Runs the stacks bench on the one kernel series `kernel` names, `rounds` rounds of `seconds`
+/// per run, and writes its results page.
+pub(super) fn bench_stacks(kernel: &str, seconds: u64, rounds: usize) -> Result<()> {
+    let series = vm::KernelSeries::select(kernel)?;
     let [series] = series.as_slice() else { bail!("--stacks runs on one kernel: --kernel 6.1, say") };
-    let commit = crate::bench::provenance()?;
+    let commit = provenance()?;
     let bins = vm::build_guest_binaries()?;
-    crate::setup::apt_install(&["fio", "libbpf-tools"], "the stack benchmark")?;
+    setup::apt_install(&["fio", "libbpf-tools"], "the stack benchmark")?;
     let kernel = vm::kernel(*series)?;
     let tools = [("/usr/bin/fio", "fio"), ("/usr/sbin/biolatency", "biolatency")];
     // Boot, two saturation probes and rounds x stacks x variants runs of `seconds` each, with
     // room for tracers starting slowly under TCG.
-    let runs = opts.rounds as u64 * 2 * VARIANTS.len() as u64;
-    let timeout = Duration::from_secs(600 + runs * (opts.seconds + 60));
-    eprintln!("xtask: bench: stacks: {runs} runs of {} s in the {} guest", opts.seconds, kernel.version);
+    let runs = rounds as u64 * 2 * VARIANTS.len() as u64;
+    let timeout = Duration::from_secs(600 + runs * (seconds + 60));
+    eprintln!("xtask: bench: stacks: {runs} runs of {seconds} s in the {} guest", kernel.version);
     let stem = format!("tracerd-bench-{}", series.name);
-    let scenario = vm::scenario("stackbench", &STACK_MODULES, &guest_body(opts.seconds, opts.rounds));
+    let scenario = vm::scenario("stackbench", &STACK_MODULES, &guest_body(seconds, rounds));
     let (console, _) = vm::boot_guest(&kernel, &bins, &tools, &stem, &scenario, &["stackbench"], timeout)?;
     if let Some(line) =
         console.lines().find(|l| l.starts_with("VM-SETUP-FAILED") || l.starts_with("VM-SKIPPED"))
@@ -241,23 +237,18 @@ pub fn bench_stacks(opts: Options) -> Result<()> {
         eprintln!("xtask: bench: stacks: {warning}");
     }
     let (runs, rates) = parse(&section)?;
-    let text = summarize(&runs, &rates, &opts);
+    let text = summarize(&runs, &rates, seconds, rounds);
     print!("{text}");
-    let dir = root_dir().join("target/bench");
+    let dir = out_dir();
     fs::create_dir_all(&dir)?;
     fs::write(dir.join("stacks.txt"), &text)?;
-    let date = crate::bench::output(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]))?;
+    let date = utc_now()?;
     let page = format!(
         "# Overhead on stacks: latest results\n\n\
          Written by `cargo xtask bench --stacks --kernel {}` ({} s runs, {} rounds), {} at commit {}, \
          in the {} guest under qemu TCG (docs/internals/overhead.md says how to read it). \
          Commit it with the code it measured.\n\n```\n{text}```\n",
-        series.name,
-        opts.seconds,
-        opts.rounds,
-        date.trim(),
-        commit,
-        kernel.version
+        series.name, seconds, rounds, date, commit, kernel.version
     );
     fs::write(root_dir().join(RESULTS_PAGE), page)?;
     eprintln!("xtask: bench: wrote {RESULTS_PAGE}");
