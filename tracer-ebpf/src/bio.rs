@@ -4,12 +4,13 @@
 use core::ptr::write_volatile;
 
 use aya_ebpf::helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns};
-use tracer_common::{BioState, IoRecord, agg, event, flag, kind, limits, lost};
+use tracer_common::{IoRecord, agg, event, flag, kind, limits, lost};
 
 use crate::{
     kernel::{Mem, Probe, bio_cgroup, bio_dev, read_current_comm},
     maps::{BIOS, EVENTS, LINKS, commit_flags, count_lost, is_traced, layout, settings, stacking, streaming},
     qos::take_qos_wait,
+    record::fill_bio_record,
     slots::{copy_comm, copy_words, slot_claim, slot_claim_free, slot_free, slot_get, zero_words},
     stacking::{on_head_complete, queued_clone_upper, queued_own_kind},
 };
@@ -224,30 +225,4 @@ pub(crate) fn on_bio_complete<M: Mem>(bio: u64) {
     }
     slot_free(state);
     entry.submit(commit_flags());
-}
-
-/// The record of bio `id` completed at `completed`, from its slot `b` (error left 0).
-#[inline(always)]
-pub(crate) fn fill_bio_record(rec: *mut IoRecord, b: &BioState, id: u64, completed: u64) {
-    // SAFETY: `rec` is a reserved ring-buffer entry, ours to fill.
-    unsafe { zero_words(rec) };
-    // SAFETY: as above.
-    let rec = unsafe { &mut *rec };
-    rec.kind = kind::BIO;
-    rec.flags = b.flags;
-    rec.dev = b.dev;
-    rec.cmd_flags = b.opf;
-    rec.bytes = b.bytes;
-    rec.sector = b.sector;
-    rec.pid = b.pid;
-    rec.cgroup = b.cgroup;
-    copy_comm(&mut rec.comm, &b.comm);
-    rec.id = id;
-    rec.parent = b.parent;
-    rec.submit_ns = b.submit_ns;
-    rec.personality_ns = b.personality_ns;
-    rec.ts[event::H] = b.held_ns;
-    rec.ts[event::Q] = b.queued_ns;
-    rec.ts[event::C] = completed;
-    // No qos: rq-qos waits are taken at G, and a bio that got a request goes in its record.
 }

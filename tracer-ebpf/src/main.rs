@@ -17,6 +17,7 @@ mod bio;
 mod kernel;
 mod maps;
 mod qos;
+mod record;
 mod request;
 mod slots;
 mod stacking;

@@ -10,12 +10,12 @@ use tracer_common::{
 };
 
 use crate::{
-    bio::fill_bio_record,
     kernel::{Mem, Probe, bio_dev, rq_disk, scalar, thread_id},
     maps::{
         BIOS, EVENTS, LINKS, REQUESTS, SUBMITTING, commit_flags, count_lost, is_path, layout, paths_traced,
         stacking,
     },
+    record::fill_bio_record,
     slots::{copy_words, slot_claim, slot_claim_free, slot_free, slot_get, zero_words},
 };
 
