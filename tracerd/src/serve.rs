@@ -4,6 +4,8 @@
 pub mod api;
 pub mod exemplars;
 pub mod exposition;
+#[cfg(test)]
+mod fuzz;
 pub mod http;
 pub mod metrics;
 pub mod process;
