@@ -396,8 +396,8 @@ fn diff_of_saved_captures_at_qd1_and_qd32_matches_the_captures() {
             // intervals do not overlap.
             let (ia, ib) = (&q["a_interval_s"], &q["b_interval_s"]);
             let apart = ia[1].as_f64() < ib[0].as_f64() || ib[1].as_f64() < ia[0].as_f64();
-            let judged = tracerd::commands::diff::enough(ha.len(), quantile)
-                && tracerd::commands::diff::enough(hb.len(), quantile);
+            let judged = tracerd::view::diff::enough(ha.len(), quantile)
+                && tracerd::view::diff::enough(hb.len(), quantile);
             let want = match (judged, apart) {
                 (false, _) => "too_few_samples",
                 (true, true) => "changed",

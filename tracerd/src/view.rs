@@ -2,6 +2,8 @@
 //! The report (its model, builder and tables), the per-IO line, the histogram view, and the one
 //! `Style` that decides colour. Commands choose a source and hand what it gives to a view.
 
+pub mod diff;
+pub mod doctor;
 pub mod histogram;
 pub mod io_line;
 pub mod report;

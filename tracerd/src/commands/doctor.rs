@@ -6,16 +6,14 @@
 //! turned into checks by pure functions, so the verdicts are tested without a kernel.
 //!
 //! This file gathers the facts and runs the checks in the order they print; each group of checks
-//! is a file of its own, and `render` turns them into text.
+//! is a file of its own; `view::doctor` is the finding and its text.
 
 mod agent;
 mod bpf;
 mod btf;
-mod check;
 mod devices;
 mod host;
 mod kprobes;
-mod render;
 mod throttling;
 mod tracepoints;
 
@@ -36,9 +34,8 @@ use crate::{
     view::style::Style,
 };
 
-pub use check::{Check, Status, passed};
+pub use crate::view::doctor::{Check, Status, passed, render, summary};
 pub use kprobes::kallsyms_lookup;
-pub use render::{render, summary};
 
 use agent::{agent_check, aggregation_check};
 use bpf::{

@@ -5,7 +5,7 @@ use anyhow::Result;
 
 use crate::{kernel::cgroup_series, kernel::series, serve::api, units};
 
-use super::check::{Check, Status};
+use crate::view::doctor::{Check, Status};
 
 /// What `run`'s in-kernel aggregation takes on this machine with `devices` block devices (its
 /// per-CPU series are sized at load for the devices traced, whether they do IO or not).

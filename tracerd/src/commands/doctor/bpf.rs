@@ -12,7 +12,7 @@ use crate::{
     units,
 };
 
-use super::check::{Check, Status};
+use crate::view::doctor::{Check, Status};
 
 /// What the load test found.
 #[derive(Clone, Debug)]

@@ -7,7 +7,7 @@ use crate::{
     units,
 };
 
-use super::check::{Check, Status};
+use crate::view::doctor::{Check, Status};
 
 /// The BTF check, then the two that need BTF: struct layout and op enums. Returns the parsed
 /// BTF for the hook checks.
@@ -78,8 +78,9 @@ pub(super) fn btf_checks(read: std::io::Result<Vec<u8>>, kernel: &str) -> (Vec<C
 mod tests {
     use super::*;
     use crate::{
-        commands::doctor::{bpf::recursion_check, check::tests::find, tracepoints::tracepoint_checks},
+        commands::doctor::{bpf::recursion_check, tracepoints::tracepoint_checks},
         kernel::btf::{fixtures::Fixture, tests::Builder},
+        view::doctor::tests::find,
     };
 
     #[test]

@@ -6,7 +6,7 @@ use crate::{
     model::topology::{Device, Topology},
 };
 
-use super::check::{Check, Status};
+use crate::view::doctor::{Check, Status};
 
 /// The stacked drivers' module BTF: which lower IOs are linked from any task, which wait for
 /// their module, and which cannot be linked on this kernel.

@@ -2,7 +2,7 @@
 
 use crate::kernel::tracer::{self, CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN};
 
-use super::check::{Check, Status};
+use crate::view::doctor::{Check, Status};
 
 /// Major and minor of a release such as `6.18.44-fc-v857`.
 fn parse_release(release: &str) -> Option<(u32, u32)> {

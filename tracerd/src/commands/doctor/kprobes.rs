@@ -9,7 +9,7 @@ use crate::{
     model::topology::Device,
 };
 
-use super::check::{Check, Status};
+use crate::view::doctor::{Check, Status};
 
 pub(super) const KALLSYMS: &str = "/proc/kallsyms";
 
@@ -191,7 +191,7 @@ pub(super) fn kprobe_checks(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::commands::doctor::check::{passed, tests::find};
+    use crate::view::doctor::{passed, tests::find};
 
     #[test]
     fn kallsyms_lookup_finds_code_symbols_and_their_modules() {

@@ -1,12 +1,12 @@
 //! The optional stages that time the waits the kernel imposes before a request exists:
 //! blk-throttle's holds (H2Q) and the rq-qos policies' waits (Q2G's split).
 
-use crate::kernel::hooks::{HookStatus, RQ_QOS, RQ_QOS_CALLBACKS, THROTTLE};
-
-use super::{
-    check::{Check, Status},
-    kprobes::KALLSYMS,
+use crate::{
+    kernel::hooks::{HookStatus, RQ_QOS, RQ_QOS_CALLBACKS, THROTTLE},
+    view::doctor::{Check, Status},
 };
+
+use super::kprobes::KALLSYMS;
 
 /// H2Q: whether blk-throttle's holds can be timed here (`unavailable`: why not), and whether
 /// the load test attached its probe.

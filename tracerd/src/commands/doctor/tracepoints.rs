@@ -6,7 +6,7 @@ use crate::kernel::{
     hooks::{HOOKS, Hook, HookStatus},
 };
 
-use super::check::{Check, Status};
+use crate::view::doctor::{Check, Status};
 
 /// What tracerd loses without an optional tracepoint.
 fn without(tracepoint: &str) -> &'static str {
@@ -92,8 +92,8 @@ fn tracepoint_check(hook: &Hook, btf: Option<&Btf>, attached: Option<&HookStatus
 mod tests {
     use super::*;
     use crate::{
-        commands::doctor::check::{passed, tests::find},
         kernel::btf::tests::Builder,
+        view::doctor::{passed, tests::find},
     };
 
     /// A kernel BTF with the block tracepoints of 5.11+ except `block_split` and `block_getrq`,

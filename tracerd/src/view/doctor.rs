@@ -1,8 +1,58 @@
-//! The text form of the checks: one aligned line per check, then the verdict, coloured by status.
+//! `tracerd doctor`'s findings and their text: each check's status, what was found and what
+//! to do about it (the JSON output is a list of these), and one aligned line per check, then the
+//! verdict, coloured by status through `Style`.
+
+use serde::Serialize;
 
 use crate::view::style::Style;
 
-use super::check::{Check, Status, passed};
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Ok,
+    /// Works, with something missing or unverified.
+    Warn,
+    /// tracerd cannot run here.
+    Fail,
+}
+
+impl Status {
+    pub fn label(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Warn => "warn",
+            Status::Fail => "FAIL",
+        }
+    }
+}
+
+/// One line of the report; the JSON output is an array of these.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Check {
+    /// Stable identifier for scripts: `btf`, `tracepoint:block_rq_issue`, `kprobe:md_submit_bio`.
+    pub name: String,
+    pub status: Status,
+    /// What was found, and for a warn or FAIL what that costs.
+    pub detail: String,
+    /// What to do about it, where something can be done.
+    pub advice: Option<String>,
+}
+
+impl Check {
+    pub fn new(name: impl Into<String>, status: Status, detail: impl Into<String>) -> Check {
+        Check { name: name.into(), status, detail: detail.into(), advice: None }
+    }
+
+    pub fn advice(mut self, advice: impl Into<String>) -> Check {
+        self.advice = Some(advice.into());
+        self
+    }
+}
+
+/// Nothing FAILed (warnings pass).
+pub fn passed(checks: &[Check]) -> bool {
+    checks.iter().all(|c| c.status != Status::Fail)
+}
 
 /// The closing line: the verdict, and the first failure or the warnings.
 pub fn summary(checks: &[Check]) -> String {
@@ -56,8 +106,13 @@ pub fn render(checks: &[Check], style: Style) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// The check named `name`, for tests that look at one of many.
+    pub fn find<'a>(checks: &'a [Check], name: &str) -> &'a Check {
+        checks.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no {name} in {checks:?}"))
+    }
 
     fn check(name: &str, status: Status) -> Check {
         Check::new(name, status, format!("{name} detail"))
