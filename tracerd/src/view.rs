@@ -8,3 +8,4 @@ pub mod histogram;
 pub mod io_line;
 pub mod report;
 pub mod style;
+pub mod top;
