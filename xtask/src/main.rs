@@ -13,13 +13,13 @@
 
 mod bench;
 mod bench_stacks;
-mod cpio;
 mod dist;
 mod docs;
+mod elf;
+mod musl;
 mod setup;
 mod stress;
 mod vm;
-mod vm_scenarios;
 
 use std::{
     path::{Path, PathBuf},
@@ -142,10 +142,11 @@ fn real_main() -> Result<()> {
         Cmd::Docs => docs::write(),
         Cmd::Dist => dist::dist(),
         Cmd::VmTest { kernel, scenario: Some(name) } => {
+            let names = vm::scenarios::names();
             ensure!(
-                vm_scenarios::NAMES.contains(&name.as_str()),
+                names.contains(&name.as_str()),
                 "no scenario {name:?}: --scenario takes one of {}",
-                vm_scenarios::NAMES.join(", ")
+                names.join(", ")
             );
             let bins = vm::build_guest_binaries()?;
             for run in vm::run_kernels(&vm::KernelSeries::select(&kernel)?, &bins, &[&name], false) {
@@ -282,7 +283,8 @@ fn test(unit_only: bool, stress: bool) -> Result<()> {
 /// needs the guest's stacked-device exposition and the host kernel.
 fn vm_tests(tally: &mut Tally, kernels: &[vm::KernelSeries], with_dashboard: bool) -> Result<()> {
     let bins = vm::build_guest_binaries()?;
-    let runs = vm::run_kernels(kernels, &bins, vm_scenarios::NAMES, true);
+    let names = vm::scenarios::names();
+    let runs = vm::run_kernels(kernels, &bins, &names, true);
     let mut lines = Vec::new();
     let mut failures = Vec::new();
     for (i, (series, run)) in kernels.iter().zip(runs).enumerate() {
@@ -293,7 +295,7 @@ fn vm_tests(tally: &mut Tally, kernels: &[vm::KernelSeries], with_dashboard: boo
                 "kernel {} ({}): scenarios {}{}: {} tests passed; guest ran {:.0} s",
                 run.kernel.version,
                 run.kernel.package,
-                vm_scenarios::NAMES.join(","),
+                names.join(","),
                 if run.absent.is_empty() {
                     String::new()
                 } else {
@@ -325,7 +327,7 @@ fn vm_tests(tally: &mut Tally, kernels: &[vm::KernelSeries], with_dashboard: boo
     Ok(())
 }
 
-/// One kernel's finished guest run: tests/tests/vm.rs against its console log.
+/// One kernel's finished guest run: tests/tests/vm against its console log.
 fn vm_kernel_tests(tally: &mut Tally, run: vm::VmRun, with_dashboard: bool) -> Result<vm::VmRun> {
     let mut cmd = cargo(None);
     cmd.args(["test", "--release", "-p", "tracerd-tests", "--test", "vm"])
