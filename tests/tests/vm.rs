@@ -113,10 +113,10 @@ fn assert_layers_add_up(upper: &Value) {
 
 #[test]
 fn kprobes_attach_in_the_debian_kernel() {
-    if !ran("dm") {
+    if !ran("dm_linear") {
         return;
     }
-    let r = report("dm_report_json");
+    let r = report("dm_linear_report_json");
     for hook in ["md_submit_bio", "dm_submit_bio", "raid1_make_request", "dm_mq_queue_rq"] {
         let h = r["hooks"].as_array().unwrap().iter().find(|h| h["hook"] == hook).expect(hook);
         assert_eq!(h["attach_type"], "kprobe", "{h}");
@@ -128,10 +128,10 @@ fn kprobes_attach_in_the_debian_kernel() {
 
 #[test]
 fn dm_linear_each_io_counted_once_and_linked_to_one_lower_io() {
-    if !ran("dm") {
+    if !ran("dm_linear") {
         return;
     }
-    let lines = json_lines("dm_snoop");
+    let lines = json_lines("dm_linear_snoop");
     let uppers: Vec<&Value> = lines.iter().filter(|l| l["device"] == "dm-0").collect();
     let lowers: Vec<&Value> = lines.iter().filter(|l| l["device"] == "ram2").collect();
     let want = BTreeMap::from([("read".to_string(), 300), ("write".to_string(), 200)]);
@@ -148,7 +148,7 @@ fn dm_linear_each_io_counted_once_and_linked_to_one_lower_io() {
     }
     assert!(lowers.iter().all(|l| l["parent"].is_string()), "every ram2 IO came from dm-0");
 
-    let r = report("dm_report_json");
+    let r = report("dm_linear_report_json");
     let dm = device(&r, "dm-0");
     assert_eq!(dm["label"], "dm-0 (lin0)");
     assert_eq!(dm["lowers"], serde_json::json!(["ram2"]));
@@ -162,13 +162,13 @@ fn dm_linear_each_io_counted_once_and_linked_to_one_lower_io() {
         assert_eq!(o["submit_path"]["submit_bio"]["count"], n);
         assert_eq!(op(device(&r, "ram2"), name)["requests"], n);
     }
-    let text = section("dm_report_text");
+    let text = section("dm_linear_report_text");
     assert!(text.contains("dm-0 (lin0)\n  └─ ram2"), "stack tree:\n{text}");
     assert!(text.contains("per layer"), "{text}");
 
     // The same IO from the agent's recorder (report --since, attached): counts, the stack and
     // the per-layer phases survive the frames.
-    let w = report("dm_window");
+    let w = report("dm_linear_window");
     assert!(w["from_agent"]["frames"].as_u64().unwrap() >= 1, "{}", w["from_agent"]);
     let dm = device(&w, "dm-0");
     assert_eq!(dm["label"], "dm-0 (lin0)");
@@ -215,11 +215,11 @@ fn linked_uppers<'a>(lines: &'a [Value], device: &str, lower: &str) -> Vec<&'a V
 
 #[test]
 fn dm_crypt_reads_and_writes_from_its_threads_are_each_linked() {
-    if !ran("dmx") {
+    if !ran("dm_deferred") {
         return;
     }
     let crypt = dm_kernel_name("crypt0");
-    let lines = json_lines("dmx_snoop");
+    let lines = json_lines("dm_deferred_snoop");
     let uppers = linked_uppers(&lines, &crypt, "ram3");
     let want = BTreeMap::from([("read".to_string(), 100), ("write".to_string(), 200)]);
     assert_eq!(count_by(&uppers, |l| l["op"].as_str().unwrap().to_owned()), want, "{crypt} IOs");
@@ -235,7 +235,7 @@ fn dm_crypt_reads_and_writes_from_its_threads_are_each_linked() {
 
 #[test]
 fn dm_delay_puts_its_delay_in_the_layer_phase_not_below() {
-    if !ran("dmx") {
+    if !ran("dm_deferred") {
         return;
     }
     const DELAY_NS: u64 = 20_000_000;
@@ -245,7 +245,7 @@ fn dm_delay_puts_its_delay_in_the_layer_phase_not_below() {
     // half the delay, the median read the delay less one jiffy, and ram4's own time holds none.
     const JIFFY_NS: u64 = 4_000_000;
     let delay = dm_kernel_name("delay0");
-    let lines = json_lines("dmx_snoop");
+    let lines = json_lines("dm_deferred_snoop");
     let uppers = linked_uppers(&lines, &delay, "ram4");
     assert_eq!(uppers.len(), 50, "{delay} reads");
     let (mut layer, mut lower): (Vec<u64>, Vec<u64>) = (Vec::new(), Vec::new());
@@ -264,11 +264,11 @@ fn dm_delay_puts_its_delay_in_the_layer_phase_not_below() {
 
 #[test]
 fn dm_thin_writes_are_linked_through_the_pool_even_when_they_provision_a_block() {
-    if !ran("dmx") {
+    if !ran("dm_deferred") {
         return;
     }
     let (thin, pool) = (dm_kernel_name("thin0"), dm_kernel_name("pool"));
-    let lines = json_lines("dmx_snoop");
+    let lines = json_lines("dm_deferred_snoop");
     let uppers = linked_uppers(&lines, &thin, &pool);
     assert_eq!(uppers.len(), 150, "{thin} writes");
     // Three levels: each thin write reaches the pool as dm's clone, which the pool sends to
@@ -285,7 +285,7 @@ fn dm_thin_writes_are_linked_through_the_pool_even_when_they_provision_a_block()
     // The pool's own IO names no thin IO, and is counted as such, never folded in silently:
     // its zeroing of new blocks on the pool device, and every write to its metadata device.
     let own = (pool_ios.len() - from_thin.len()) as u64;
-    let r = report("dmx_report_json");
+    let r = report("dm_deferred_report_json");
     assert!(own > 0, "provisioning writes zero new blocks through the pool");
     assert_eq!(op(device(&r, &pool), "write")["unlinked"], own, "{pool}'s own IO");
     let meta = op(device(&r, "ram5"), "write");
@@ -296,7 +296,7 @@ fn dm_thin_writes_are_linked_through_the_pool_even_when_they_provision_a_block()
     eprintln!("{pool}: {} IOs from {thin}, {own} of its own (provisioning)", from_thin.len());
 }
 
-/// The dmc scenario's upper IOs on dm device `name` (its kernel name, and those IOs): each
+/// The dm_copy scenario's upper IOs on dm device `name` (its kernel name, and those IOs): each
 /// linked to exactly one lower IO, on one of `lowers`, the layers adding up; `want` of each op.
 fn dmc_uppers<'a>(
     lines: &'a [Value],
@@ -319,7 +319,7 @@ fn dmc_uppers<'a>(
     (dev, uppers)
 }
 
-/// The dmc scenario's IOs on `disk` with `op`: (those that name an upper IO, those that name
+/// The dm_copy scenario's IOs on `disk` with `op`: (those that name an upper IO, those that name
 /// none), and a check that the report counts the second as `unlinked` (a disk with no IO is in
 /// neither).
 fn dmc_lowers(lines: &[Value], report: &Value, disk: &str, o: &str) -> (u64, u64) {
@@ -335,16 +335,16 @@ fn dmc_lowers(lines: &[Value], report: &Value, disk: &str, o: &str) -> (u64, u64
     (linked, own)
 }
 
-/// The dmc scenario's workload on integ0, wc0 and cache0.
+/// The dm_copy scenario's workload on integ0, wc0 and cache0.
 const BOTH_100: [(&str, u64); 2] = [("read", 100), ("write", 100)];
 
 #[test]
 fn dm_snapshot_origin_writes_sent_after_their_copy_are_linked() {
-    if !ran("dmc") {
+    if !ran("dm_copy") {
         return;
     }
-    let lines = json_lines("dmc_snoop");
-    let r = report("dmc_report_json");
+    let lines = json_lines("dm_copy_snoop");
+    let r = report("dm_copy_report_json");
     // An origin write waits for kcopyd to copy its chunk to the COW store, then dm-snapshot
     // sends dm's clone on from kcopyd's completion, without a remap: linked at its Q.
     let (orig, _) = dmc_uppers(&lines, "snaporig", &["ram18"], &[("write", 100)]);
@@ -359,16 +359,16 @@ fn dm_snapshot_origin_writes_sent_after_their_copy_are_linked() {
     assert_eq!(copied_out, 100, "one chunk copied per origin write");
     assert!(copied_in > 100, "the copies and the exception metadata: {copied_in}");
     // brd counts no IO in /proc/diskstats; dm does.
-    assert_counts_match_diskstats(&r, "dmc_diskstats", &[&orig, &snap]);
+    assert_counts_match_diskstats(&r, "dm_copy_diskstats", &[&orig, &snap]);
 }
 
 #[test]
 fn dm_integrity_data_sent_on_without_a_remap_is_linked_and_its_tags_are_its_own() {
-    if !ran("dmc") {
+    if !ran("dm_copy") {
         return;
     }
-    let lines = json_lines("dmc_snoop");
-    let r = report("dmc_report_json");
+    let lines = json_lines("dm_copy_snoop");
+    let r = report("dm_copy_report_json");
     // dm-integrity moves dm's clone onto its disk and past the tag area itself, and sends it
     // without a remap; the tags go through dm-bufio, to the same disk, naming no upper IO.
     let (dev, _) = dmc_uppers(&lines, "integ0", &["ram20"], &BOTH_100);
@@ -376,16 +376,16 @@ fn dm_integrity_data_sent_on_without_a_remap_is_linked_and_its_tags_are_its_own(
     let (reads, _) = dmc_lowers(&lines, &r, "ram20", "read");
     assert_eq!((writes, reads), (100, 100), "ram20: one data IO per integ0 IO");
     assert!(tag_writes > 0, "the tags of 100 new blocks are written");
-    assert_counts_match_diskstats(&r, "dmc_diskstats", &[&dev]);
+    assert_counts_match_diskstats(&r, "dm_copy_diskstats", &[&dev]);
 }
 
 #[test]
 fn dm_integrity_journal_writes_name_no_upper_io_and_are_counted_as_its_own() {
-    if !ran("dmc") {
+    if !ran("dm_copy") {
         return;
     }
-    let lines = json_lines("dmc_snoop");
-    let r = report("dmc_report_json");
+    let lines = json_lines("dm_copy_snoop");
+    let r = report("dm_copy_report_json");
     // With its journal, dm-integrity copies a write's data into the journal and commits whole
     // journal sections with dm-io, for every write since the last commit, then copies the
     // data to its place: no lower IO names an upper write, and each is counted as its own.
@@ -419,16 +419,16 @@ fn dm_integrity_journal_writes_name_no_upper_io_and_are_counted_as_its_own() {
     eprintln!(
         "integ1: {read_linked} of 100 reads from ram26, the rest from the journal; {journal} journal writes"
     );
-    assert_counts_match_diskstats(&r, "dmc_diskstats", &[&dev]);
+    assert_counts_match_diskstats(&r, "dm_copy_diskstats", &[&dev]);
 }
 
 #[test]
 fn dm_writecache_writes_and_cached_reads_are_linked_to_the_cache_disk() {
-    if !ran("dmc") {
+    if !ran("dm_copy") {
         return;
     }
-    let lines = json_lines("dmc_snoop");
-    let r = report("dmc_report_json");
+    let lines = json_lines("dm_copy_snoop");
+    let r = report("dm_copy_report_json");
     // In SSD mode a write goes to the cache disk, and a read of a cached block comes from it;
     // the commits of its metadata are its own.
     let (dev, _) = dmc_uppers(&lines, "wc0", &["ram22"], &BOTH_100);
@@ -436,16 +436,16 @@ fn dm_writecache_writes_and_cached_reads_are_linked_to_the_cache_disk() {
     assert_eq!(writes, 100, "ram22: each wc0 write");
     assert_eq!(dmc_lowers(&lines, &r, "ram22", "read").0, 100, "ram22: each wc0 read");
     assert!(commits > 0, "writecache commits its metadata");
-    assert_counts_match_diskstats(&r, "dmc_diskstats", &[&dev]);
+    assert_counts_match_diskstats(&r, "dm_copy_diskstats", &[&dev]);
 }
 
 #[test]
 fn dm_cache_ios_are_linked_to_the_origin_or_the_cache_and_its_migrations_are_its_own() {
-    if !ran("dmc") {
+    if !ran("dm_copy") {
         return;
     }
-    let lines = json_lines("dmc_snoop");
-    let r = report("dmc_report_json");
+    let lines = json_lines("dm_copy_snoop");
+    let r = report("dm_copy_report_json");
     // A block not in the cache is read and written on the origin; smq's promotions (copies by
     // kcopyd) would be dm-cache's own IO.
     let (dev, _) = dmc_uppers(&lines, "cache0", &["ram24", "ram25"], &BOTH_100);
@@ -460,7 +460,7 @@ fn dm_cache_ios_are_linked_to_the_origin_or_the_cache_and_its_migrations_are_its
     for o in ["read", "write"] {
         assert_eq!(dmc_lowers(&lines, &r, "ram23", o).0, 0, "cache0's metadata names no upper IO");
     }
-    assert_counts_match_diskstats(&r, "dmc_diskstats", &[&dev]);
+    assert_counts_match_diskstats(&r, "dm_copy_diskstats", &[&dev]);
 }
 
 /// A mirrored md array's 200 writes (qd 1) and 100 reads (qd 2) in `lines`: each write linked
@@ -555,7 +555,7 @@ fn md_raid0_links_each_member_bio_and_each_split_part_without_kprobes() {
     // raid0 sends md's accounting clone of the bio (or of the part it split off) to a member:
     // the clone names the bio md got, so no kprobe is needed. A 128 KiB write spans two 64 KiB
     // chunks: each part is one IO of md4 on one member.
-    let lines = json_lines("raid0_snoop");
+    let lines = json_lines("md_raid0_snoop");
     let members = ["ram16", "ram17"];
     let uppers: Vec<&Value> = lines.iter().filter(|l| l["device"] == "md4").collect();
     let by =
@@ -585,9 +585,9 @@ fn md_raid0_links_each_member_bio_and_each_split_part_without_kprobes() {
     assert!(unlinked.is_empty(), "member IO not linked: {unlinked:?}");
     assert_eq!(below.len(), 280, "one member IO per page IO and per part");
 
-    let r = report("raid0_report_json");
+    let r = report("md_raid0_report_json");
     assert_eq!(device(&r, "md4")["lowers"], serde_json::json!(members));
-    assert_counts_match_diskstats(&r, "raid0_diskstats", &["md4"]);
+    assert_counts_match_diskstats(&r, "md_raid0_diskstats", &["md4"]);
     // And the bytes: md counts each part's own sectors.
     let written = op(device(&r, "md4"), "write")["bytes"].as_u64().unwrap();
     assert_eq!(written, 100 * 4096 + 40 * 131072, "md4 write bytes");
@@ -595,11 +595,11 @@ fn md_raid0_links_each_member_bio_and_each_split_part_without_kprobes() {
 
 #[test]
 fn md_raid5_links_member_data_to_its_upper_bios_and_names_md_s_own_io() {
-    if !ran("raid5") {
+    if !ran("md_parity") {
         return;
     }
     // Without kprobes: raid5d sends the stripes, so only md's structs can link them.
-    let lines = json_lines("raid5_snoop");
+    let lines = json_lines("md_parity_raid5_snoop");
     let members = ["ram9", "ram10", "ram11"];
     let uppers: Vec<&Value> = lines.iter().filter(|l| l["device"] == "md2").collect();
     let by = count_by(&uppers, |l| format!("{} {}", l["op"].as_str().unwrap(), l["bytes"]));
@@ -622,7 +622,7 @@ fn md_raid5_links_member_data_to_its_upper_bios_and_names_md_s_own_io() {
         assert!(sb >= 1, "{m}: {sb} superblock writes");
     }
 
-    let r = report("raid5_report_json");
+    let r = report("md_parity_raid5_report_json");
     let w = op(device(&r, "md2"), "write");
     assert_eq!(w["requests"], 184);
     let linked: u64 = w["layers"].as_array().unwrap().iter().map(|l| l["ios"].as_u64().unwrap()).sum();
@@ -633,7 +633,7 @@ fn md_raid5_links_member_data_to_its_upper_bios_and_names_md_s_own_io() {
         .sum();
     assert_eq!(parity, n("parity write"), "report and snoop count the same parity writes");
     // md counts its own IO in /proc/diskstats (brd counts none).
-    assert_counts_match_diskstats(&r, "raid5_diskstats", &["md2"]);
+    assert_counts_match_diskstats(&r, "md_parity_raid5_diskstats", &["md2"]);
 }
 
 /// An md raid4/5/6 snoop: each of the array's IOs (`uppers`) linked to one member IO on one of
@@ -664,11 +664,11 @@ fn raid5_member_kinds<'a>(
 
 #[test]
 fn md_raid6_links_member_data_and_names_both_parity_pages_md_s_own() {
-    if !ran("raid5") {
+    if !ran("md_parity") {
         return;
     }
     // raid6 over four members: a page write is one data write and two parity writes (P, Q).
-    let lines = json_lines("raid6_snoop");
+    let lines = json_lines("md_parity_raid6_snoop");
     let members = ["ram12", "ram13", "ram14", "ram15"];
     let uppers: Vec<&Value> = lines.iter().filter(|l| l["device"] == "md3").collect();
     let by = count_by(&uppers, |l| format!("{} {}", l["op"].as_str().unwrap(), l["bytes"]));
@@ -678,7 +678,7 @@ fn md_raid6_links_member_data_and_names_both_parity_pages_md_s_own() {
     assert_eq!((n("linked read"), n("linked write")), (60, 60), "one member IO per page: {kinds:?}");
     assert!(n("parity write") >= 2 * 60, "P and Q for each page write: {kinds:?}");
 
-    let r = report("raid6_report_json");
+    let r = report("md_parity_raid6_report_json");
     assert_eq!(device(&r, "md3")["lowers"], serde_json::json!(members));
     let w = op(device(&r, "md3"), "write");
     let linked: u64 = w["layers"].as_array().unwrap().iter().map(|l| l["ios"].as_u64().unwrap()).sum();
@@ -688,7 +688,7 @@ fn md_raid6_links_member_data_and_names_both_parity_pages_md_s_own() {
         .map(|m| op(device(&r, m), "write")["unlinked_kinds"]["parity"].as_u64().unwrap_or(0))
         .sum();
     assert_eq!(parity, n("parity write"), "report and snoop count the same parity writes");
-    assert_counts_match_diskstats(&r, "raid6_diskstats", &["md3"]);
+    assert_counts_match_diskstats(&r, "md_parity_raid6_diskstats", &["md3"]);
 }
 
 /// Each of `devices` has as many reads and writes in `report` as /proc/diskstats counted
@@ -715,20 +715,20 @@ fn assert_counts_match_diskstats(report: &Value, diskstats: &str, devices: &[&st
 
 #[test]
 fn three_levels_split_at_each_level_and_add_up_io_by_io() {
-    if !ran("raid5") {
+    if !ran("md_parity") {
         return;
     }
     // dm-crypt (top0) over dm-linear (vol0) over md raid5 (md2) over ram9..11, no kprobes.
-    let names: BTreeMap<String, String> = section("stack3_names")
+    let names: BTreeMap<String, String> = section("md_parity_stack3_names")
         .lines()
         .filter_map(|l| l.split_once(' ').map(|(a, b)| (a.to_owned(), b.to_owned())))
         .collect();
     let (top, vol) = (names["top0"].as_str(), names["vol0"].as_str());
-    let r = report("stack3_report_json");
+    let r = report("md_parity_stack3_report_json");
     assert_eq!(device(&r, top)["lowers"], serde_json::json!([vol]));
     assert_eq!(device(&r, vol)["lowers"], serde_json::json!(["md2"]));
     assert_eq!(device(&r, "md2")["lowers"], serde_json::json!(["ram10", "ram11", "ram9"]));
-    let lines = json_lines("stack3_snoop");
+    let lines = json_lines("md_parity_stack3_snoop");
     let members = ["ram9", "ram10", "ram11"];
     for (upper, below) in [(top, vec![vol]), (vol, vec!["md2"]), ("md2", members.to_vec())] {
         let mut n = BTreeMap::<String, u64>::new();
@@ -750,16 +750,16 @@ fn three_levels_split_at_each_level_and_add_up_io_by_io() {
         }
         assert_eq!(n, BTreeMap::from([("read".into(), 100), ("write".into(), 100)]), "{upper}");
     }
-    assert_counts_match_diskstats(&r, "stack3_diskstats", &[top, vol, "md2"]);
+    assert_counts_match_diskstats(&r, "md_parity_stack3_diskstats", &[top, vol, "md2"]);
 }
 
 #[test]
 fn null_blk_queue_depths_match_the_workload() {
-    if !ran("nullb") {
+    if !ran("null_blk") {
         return;
     }
     // 96 reads in rounds of QD (iogen batch): every depth 1..=QD is seen 96/QD times.
-    let r = report("nullb_qd_report_json");
+    let r = report("null_blk_qd_report_json");
     for (i, qd) in [1u64, 2, 4, 8, 16, 32].iter().enumerate() {
         let d = device(&r, &format!("nullb{i}"));
         let o = op(d, "read");
@@ -808,11 +808,11 @@ fn assert_each_request_linked_to_its_clone(snoop: &str, kprobes: bool) {
 
 #[test]
 fn request_based_dm_links_each_request_to_its_clone() {
-    if !ran("mp") {
+    if !ran("dm_multipath") {
         return;
     }
-    assert_each_request_linked_to_its_clone("mp_snoop", true);
-    let r = report("mp_report_json");
+    assert_each_request_linked_to_its_clone("dm_multipath_snoop", true);
+    let r = report("dm_multipath_report_json");
     for (reason, n) in r["lost"].as_object().unwrap() {
         assert_eq!(n, 0, "lost {reason} at queue depth 1 (dm's end of a request is no lost event)");
     }
@@ -823,10 +823,10 @@ fn request_based_dm_links_each_request_to_its_clone() {
 
 #[test]
 fn request_based_dm_links_each_clone_from_dms_structs_without_kprobes() {
-    if !ran("mp") {
+    if !ran("dm_multipath") {
         return;
     }
-    assert_each_request_linked_to_its_clone("mpb_snoop", false);
+    assert_each_request_linked_to_its_clone("dm_multipath_btf_snoop", false);
 }
 
 /// At depth 8 a clone's completion (hard interrupt) can arrive while the same tracer's completion
@@ -834,10 +834,10 @@ fn request_based_dm_links_each_clone_from_dms_structs_without_kprobes() {
 /// tracer's programs are skipped on their own, so this reads one tracer's report throughout.
 #[test]
 fn request_based_dm_losses_at_depth_are_counted() {
-    if !ran("mp") {
+    if !ran("dm_multipath") {
         return;
     }
-    let r = report("mp8_report_json");
+    let r = report("dm_multipath_qd8_report_json");
     let upper = op(device(&r, "dm-1"), "read");
     assert_eq!(upper["requests"], 400, "dm-1 requests: dm ends each in a soft interrupt");
     let clones = op(device(&r, "nullb6"), "read")["requests"].as_u64().unwrap();
@@ -853,7 +853,7 @@ fn request_based_dm_losses_at_depth_are_counted() {
     for reason in ["ringbuf_full", "request_map_full", "complete_without_start", "link_map_full"] {
         assert_eq!(r["lost"][reason], 0, "{reason}: {}", r["lost"]);
     }
-    let (uppers, lowers) = multipath_records("mp8_snoop");
+    let (uppers, lowers) = multipath_records("dm_multipath_qd8_snoop");
     assert_eq!(uppers.len(), 400, "dm-1 requests in snoop");
     for u in uppers.iter().filter(|u| !u["layers"].is_null()) {
         assert_eq!(u["layers"][0]["ios"], 1, "a clone is never folded into another request: {u}");
@@ -865,10 +865,10 @@ fn request_based_dm_losses_at_depth_are_counted() {
 
 #[test]
 fn null_blk_snoop_stages_are_ordered_on_the_second_kernel() {
-    if !ran("nullb") {
+    if !ran("null_blk") {
         return;
     }
-    let lines = json_lines("nullb_snoop");
+    let lines = json_lines("null_blk_snoop");
     assert_eq!(lines.len(), 300, "one line per IO");
     for l in &lines {
         assert_eq!(l["kind"], "request");
@@ -881,10 +881,10 @@ fn null_blk_snoop_stages_are_ordered_on_the_second_kernel() {
 
 #[test]
 fn host_kernel_tests_pass_on_the_second_kernel() {
-    if !ran("host") {
+    if !ran("host_kernel") {
         return;
     }
-    let out = section("host_tests");
+    let out = section("host_kernel");
     assert!(out.contains("host tests exit status: 0"), "host-kernel tests failed in the VM:\n{out}");
     let result =
         out.lines().find(|l| l.starts_with("test result:")).unwrap_or_else(|| panic!("no result:\n{out}"));
@@ -899,10 +899,10 @@ fn host_kernel_tests_pass_on_the_second_kernel() {
 
 #[test]
 fn cgroup_tests_pass_on_cgroup_v2_with_writeback() {
-    if !ran("cg") {
+    if !ran("cgroups") {
         return;
     }
-    let out = section("cgroup_tests");
+    let out = section("cgroups");
     assert!(out.contains("cgroup tests exit status: 0"), "cgroup tests failed in the VM:\n{out}");
     let tests = include_str!("cgroups.rs").matches("#[test]").count();
     let result =
@@ -983,7 +983,7 @@ fn diskstats_columns(name: &str, [a, b]: [usize; 2]) -> BTreeMap<String, (u64, u
     after.iter().map(|(d, (r, w))| (d.clone(), (r - before[d].0, w - before[d].1))).collect()
 }
 
-/// A round of the drivers scenario: its scheduler, policy, and disk names.
+/// A round of the real_drivers scenario: its scheduler, policy, and disk names.
 struct DriversRound {
     name: String,
     scheduler: String,
@@ -998,7 +998,7 @@ struct DriversRound {
 fn drivers_rounds() -> Vec<DriversRound> {
     (1..=4)
         .map(|i| {
-            let name = format!("drv{i}");
+            let name = format!("real_drivers_{i}");
             let setup = section(&format!("{name}_setup"));
             let field = |k: &str| {
                 setup
@@ -1037,7 +1037,7 @@ fn requests(report: &Value, device: &str, o: &str) -> u64 {
 
 #[test]
 fn real_drivers_count_what_diskstats_counts_behind_every_scheduler() {
-    if !ran("drivers") {
+    if !ran("real_drivers") {
         return;
     }
     for r in drivers_rounds() {
@@ -1075,7 +1075,7 @@ fn real_drivers_count_what_diskstats_counts_behind_every_scheduler() {
 
 #[test]
 fn multipath_head_bios_are_linked_one_to_one_to_the_path_requests_that_served_them() {
-    if !ran("drivers") {
+    if !ran("real_drivers") {
         return;
     }
     for r in drivers_rounds() {
@@ -1130,10 +1130,10 @@ fn multipath_head_bios_are_linked_one_to_one_to_the_path_requests_that_served_th
 
 #[test]
 fn nvme_controller_resets_under_io_count_each_head_bio_once_and_link_every_path_request() {
-    if !ran("failover") {
+    if !ran("nvme_failover") {
         return;
     }
-    let setup = section("fo_setup");
+    let setup = section("nvme_failover_setup");
     let field = |k: &str| {
         setup
             .split_whitespace()
@@ -1154,33 +1154,33 @@ fn nvme_controller_resets_under_io_count_each_head_bio_once_and_link_every_path_
         .split_whitespace()
         .collect();
     let (heads, served, failed_over) =
-        assert_each_head_bio_served_once(&json_lines("fo_snoop"), head, &paths);
+        assert_each_head_bio_served_once(&json_lines("nvme_failover_snoop"), head, &paths);
     assert_eq!((heads, served), (3000, 3000), "each head bio counted once, served once");
     // qemu's controller completes the requests in flight before a reset ends, so none fails
     // over here; where one does, it is a lower IO of its bio (checked above) beside the one
     // that served it.
     // The paths count what the kernel counted, failed-over requests included.
-    let r = report("fo_report");
-    assert_counts_match_diskstats(&r, "fo", &paths);
+    let r = report("nvme_failover_report");
+    assert_counts_match_diskstats(&r, "nvme_failover", &paths);
     assert_eq!(op(device(&r, head), "read")["requests"], 3000);
     eprintln!("{}: 3000 head bios, {failed_over} path requests failed over", release());
 }
 
 #[test]
 fn bios_merged_on_an_nvme_path_are_lower_ios_of_their_head_bios() {
-    if !ran("failover") {
+    if !ran("nvme_failover") {
         return;
     }
-    let setup = section("fo_setup");
+    let setup = section("nvme_failover_setup");
     let head = setup.split_whitespace().find_map(|w| w.strip_prefix("head=")).unwrap();
     let paths: Vec<&str> =
         setup.split("paths=").nth(1).unwrap().split(" reset=").next().unwrap().split_whitespace().collect();
-    let merged = diskstats_columns("fm", [8, 7]);
+    let merged = diskstats_columns("nvme_failover_merge", [8, 7]);
     let (merges, requests) = paths.iter().fold((0, 0), |(m, r), p| (m + merged[*p].0, r + merged[*p].1));
     assert!(merges > 0, "{}: the path merged no write ({merged:?}): nothing was tested", release());
     assert_eq!(merges + requests, 512, "{}: every head bio reached a path: {merged:?}", release());
     // Each head bio's one lower IO is the path request it allocated or the merge into one.
-    let lines = json_lines("fm_snoop");
+    let lines = json_lines("nvme_failover_merge_snoop");
     let mut waiting: BTreeMap<&str, Vec<&Value>> = BTreeMap::new();
     let (mut heads, mut merge_lines, mut request_lines) = (0, 0, 0);
     for l in &lines {
@@ -1210,10 +1210,10 @@ fn bios_merged_on_an_nvme_path_are_lower_ios_of_their_head_bios() {
     }
     assert!(waiting.values().all(Vec::is_empty), "path IOs with no head bio: {waiting:?}");
     assert_eq!((heads, merge_lines, request_lines), (512, merges, requests), "{}", release());
-    let r = report("fm_report");
+    let r = report("nvme_failover_merge_report");
     // numa sends it all down one path; a path with no IO is not in the report.
     let used: Vec<&str> = paths.iter().copied().filter(|p| merged[*p] != (0, 0)).collect();
-    assert_counts_match_diskstats(&r, "fm", &used);
+    assert_counts_match_diskstats(&r, "nvme_failover_merge", &used);
     assert_eq!(op(device(&r, head), "write")["requests"], 512);
     let lost = r["lost"].as_object().unwrap();
     assert!(lost.values().all(|v| v == 0), "no head bio left to the stale sweep: {}", r["lost"]);
@@ -1250,7 +1250,7 @@ fn assert_each_head_bio_served_once(lines: &[Value], head: &str, paths: &[&str])
 
 #[test]
 fn nvme_ana_failover_under_io_counts_each_head_bio_once_and_links_the_failed_over_request() {
-    if !ran("ana") {
+    if !ran("nvme_ana") {
         return;
     }
     // NVMe/TCP on loopback, 2000 reads at qd 16: port 1 goes away with requests in flight and
@@ -1258,21 +1258,21 @@ fn nvme_ana_failover_under_io_counts_each_head_bio_once_and_links_the_failed_ove
     // on the lost connection, and a command sent through the inaccessible port, fail, and NVMe
     // sends their bios down the other path: each failed request is flagged failed over and is
     // a lower IO of its bio beside the one that served it.
-    let setup = section("ana_setup");
+    let setup = section("nvme_ana_setup");
     let head =
         setup.split_whitespace().find_map(|w| w.strip_prefix("head=")).unwrap_or_else(|| panic!("{setup}"));
     let paths: Vec<&str> = setup.split("paths=").nth(1).unwrap().split_whitespace().collect();
     assert_eq!(paths.len(), 2, "{setup}");
     let (heads, served, failed_over) =
-        assert_each_head_bio_served_once(&json_lines("ana_snoop"), head, &paths);
+        assert_each_head_bio_served_once(&json_lines("nvme_ana_snoop"), head, &paths);
     assert_eq!((heads, served), (2000, 2000), "each head bio counted once, served once");
     assert!(failed_over >= 1, "no request failed over: a lost connection and four ANA transitions under IO");
-    let r = report("ana_report");
-    assert_counts_match_diskstats(&r, "ana", &paths);
+    let r = report("nvme_ana_report");
+    assert_counts_match_diskstats(&r, "nvme_ana", &paths);
     assert_eq!(op(device(&r, head), "read")["requests"], 2000);
     // Where the head's iostats is on (6.12), the kernel counts a bio again each time NVMe
     // sends it down another path; tracerd counts it once.
-    let (head_reads, _) = diskstats_delta("ana")[head];
+    let (head_reads, _) = diskstats_delta("nvme_ana")[head];
     if head_reads != 0 {
         assert_eq!(head_reads, 2000 + failed_over, "{head} in /proc/diskstats");
     }
@@ -1281,7 +1281,7 @@ fn nvme_ana_failover_under_io_counts_each_head_bio_once_and_links_the_failed_ove
 
 #[test]
 fn a_multipath_head_named_alone_brings_its_paths() {
-    if !ran("drivers") {
+    if !ran("real_drivers") {
         return;
     }
     for r in drivers_rounds() {

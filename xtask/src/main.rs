@@ -100,8 +100,9 @@ enum Cmd {
         /// but cloud). Each runs every scenario.
         #[arg(long, default_value = "all")]
         kernel: String,
-        /// Run only this scenario (smoke, doctor, dm, dmx, md, raid5, nullb, mp, drivers, failover,
-        /// ana, host, cg) and keep the console log, without the assertions: for developing a scenario.
+        /// Run only this scenario (smoke, doctor, dm_linear, dm_deferred, dm_copy, md, md_parity,
+        /// null_blk, dm_multipath, real_drivers, nvme_failover, nvme_ana, host_kernel, cgroups) and
+        /// keep the console log, without the assertions: for developing a scenario.
         #[arg(long)]
         scenario: Option<String>,
     },
@@ -382,4 +383,20 @@ fn integration_tests(tally: &mut Tally) -> Result<()> {
     ])
     .env("TRACERD_BIN", tracerd_bin());
     tally.run(&mut cmd, "integration tests (host kernel)")
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn scenario_help_lists_every_scenario() {
+        let mut cli = Cli::command();
+        let help = cli.find_subcommand_mut("vm-test").expect("vm-test").render_long_help().to_string();
+        let listed = help.split_once("Run only this scenario (").and_then(|(_, r)| r.split_once(')'));
+        let listed: Vec<&str> = listed.map(|(names, _)| names.split(", ").collect()).unwrap_or_default();
+        assert_eq!(listed, vm::scenarios::names(), "{help}");
+    }
 }

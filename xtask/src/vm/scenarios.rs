@@ -53,30 +53,30 @@ emit() {
 
 /// dm-linear (lin0 = dm-0) over brd ram2: 300 reads at qd 1, 200 writes at qd 4.
 const DM_LINEAR: &str = r#"ip link set lo up
-trace_start dm_snoop snoop --json --device dm-0
+trace_start dm_linear_snoop snoop --json --device dm-0
 # The reports name lin0 as people do: by its dm name, and by its /dev/mapper node.
-trace_start dm_report_json report --json --duration 600 --device lin0
-trace_start dm_report_text report --duration 600 --device /dev/mapper/lin0
-trace_start dm_agent run --listen 127.0.0.1:9560 --no-store --device dm-0
+trace_start dm_linear_report_json report --json --duration 600 --device lin0
+trace_start dm_linear_report_text report --duration 600 --device /dev/mapper/lin0
+trace_start dm_linear_agent run --listen 127.0.0.1:9560 --no-store --device dm-0
 /bin/iogen /dev/dm-0 read 300 4096 1
 /bin/iogen /dev/dm-0 write 200 4096 4
 # The agent's exposition, for the dashboard test on the host (stacked-device series), once it
 # has counted every IO.
-dm_agent_counted() {
-    wget -q -O /tmp/dm_metrics.out http://127.0.0.1:9560/metrics 2> /tmp/dm_metrics.err &&
-        grep -q '^tracerd_io_requests_total{device="dm-0",op="read"} 300$' /tmp/dm_metrics.out &&
-        grep -q '^tracerd_io_requests_total{device="dm-0",op="write"} 200$' /tmp/dm_metrics.out
+dm_linear_agent_counted() {
+    wget -q -O /tmp/dm_linear_metrics.out http://127.0.0.1:9560/metrics 2> /tmp/dm_linear_metrics.err &&
+        grep -q '^tracerd_io_requests_total{device="dm-0",op="read"} 300$' /tmp/dm_linear_metrics.out &&
+        grep -q '^tracerd_io_requests_total{device="dm-0",op="write"} 200$' /tmp/dm_linear_metrics.out
 }
-vm_until "the dm-0 agent never counted 300 reads and 200 writes" dm_agent_counted
+vm_until "the dm-0 agent never counted 300 reads and 200 writes" dm_linear_agent_counted
 # The agent's recorder, read by an attached report: the frame of the last IO is sealed within
 # a second, so wait until the window holds all 500.
-dm_window_counted() {
-    /bin/tracerd report --since 10m --json --device lin0 > /tmp/dm_window.out 2> /tmp/dm_window.err &&
-        grep -q '"requests": 300' /tmp/dm_window.out && grep -q '"requests": 200' /tmp/dm_window.out
+dm_linear_window_counted() {
+    /bin/tracerd report --since 10m --json --device lin0 > /tmp/dm_linear_window.out 2> /tmp/dm_linear_window.err &&
+        grep -q '"requests": 300' /tmp/dm_linear_window.out && grep -q '"requests": 200' /tmp/dm_linear_window.out
 }
-vm_until "the agent's recorder never held the 500 dm-0 IOs" dm_window_counted
-for t in dm_snoop dm_report_json dm_report_text dm_agent; do trace_stop $t; done
-for t in dm_snoop dm_report_json dm_report_text dm_metrics dm_window; do emit $t; done"#;
+vm_until "the agent's recorder never held the 500 dm-0 IOs" dm_linear_window_counted
+for t in dm_linear_snoop dm_linear_report_json dm_linear_report_text dm_linear_agent; do trace_stop $t; done
+for t in dm_linear_snoop dm_linear_report_json dm_linear_report_text dm_linear_metrics dm_linear_window; do emit $t; done"#;
 
 /// md raid1 (md0 over ram0, ram1) and raid10 (md1 over ram7, ram8), both --assume-clean: 200
 /// writes at qd 1, 100 reads at qd 2 on each; md1 and a second view of md0 traced without kprobes.
@@ -111,15 +111,15 @@ mdadm --create /dev/md4 --run --force --level=0 --raid-devices=2 --chunk=64 --me
     /dev/ram16 /dev/ram17 || vm_fail "mdadm --create /dev/md4"
 # The first open scans md4's partition table (reads): before tracing.
 /bin/iogen /dev/md4 read 1 4096 1 > /dev/null
-trace_start raid0_snoop snoop --json --no-kprobes --device md4
-trace_start raid0_report_json report --json --no-kprobes --duration 600 --device md4
-diskstats raid0_diskstats_before "md4|ram16|ram17"
+trace_start md_raid0_snoop snoop --json --no-kprobes --device md4
+trace_start md_raid0_report_json report --json --no-kprobes --duration 600 --device md4
+diskstats md_raid0_diskstats_before "md4|ram16|ram17"
 /bin/iogen /dev/md4 write 100 4096 2
 /bin/iogen /dev/md4 read 100 4096 2
 /bin/iogen /dev/md4 write 40 131072 1
-diskstats raid0_diskstats_after "md4|ram16|ram17"
-for t in raid0_snoop raid0_report_json; do trace_stop $t; done
-for t in raid0_snoop raid0_report_json raid0_diskstats_before raid0_diskstats_after; do emit $t; done
+diskstats md_raid0_diskstats_after "md4|ram16|ram17"
+for t in md_raid0_snoop md_raid0_report_json; do trace_stop $t; done
+for t in md_raid0_snoop md_raid0_report_json md_raid0_diskstats_before md_raid0_diskstats_after; do emit $t; done
 mdadm --stop /dev/md4 || echo "VM-WARNING mdadm --stop /dev/md4 failed""#;
 
 /// md raid5 (md2 over ram9, ram10, ram11, --assume-clean, 64 KiB chunks), traced without
@@ -129,85 +129,85 @@ mdadm --stop /dev/md4 || echo "VM-WARNING mdadm --stop /dev/md4 failed""#;
 /// Then three levels: dm-crypt over dm-linear over md2, 100 writes and 100 reads at qd 2. Then
 /// md raid6 (md3 over ram12..ram15): 60 page writes at qd 1, 60 page reads at qd 2.
 const MD_PARITY: &str = r#"md_create_active md2 5 /dev/ram9 /dev/ram10 /dev/ram11
-trace_start raid5_snoop snoop --json --no-kprobes --device md2
-trace_start raid5_report_json report --json --no-kprobes --duration 600 --device md2
-diskstats raid5_diskstats_before "md2|ram9|ram10|ram11"
+trace_start md_parity_raid5_snoop snoop --json --no-kprobes --device md2
+trace_start md_parity_raid5_report_json report --json --no-kprobes --duration 600 --device md2
+diskstats md_parity_raid5_diskstats_before "md2|ram9|ram10|ram11"
 /bin/iogen /dev/md2 write 120 4096 1
 echo clean > /sys/block/md2/md/array_state
 vm_until "md2 never became clean" grep -q '^clean' /sys/block/md2/md/array_state
 /bin/iogen /dev/md2 read 100 4096 2
 /bin/iogen /dev/md2 write 64 512 8 seq
-diskstats raid5_diskstats_after "md2|ram9|ram10|ram11"
-for t in raid5_snoop raid5_report_json; do trace_stop $t; done
-for t in raid5_snoop raid5_report_json raid5_diskstats_before raid5_diskstats_after; do emit $t; done
+diskstats md_parity_raid5_diskstats_after "md2|ram9|ram10|ram11"
+for t in md_parity_raid5_snoop md_parity_raid5_report_json; do trace_stop $t; done
+for t in md_parity_raid5_snoop md_parity_raid5_report_json md_parity_raid5_diskstats_before md_parity_raid5_diskstats_after; do emit $t; done
 # Three levels, as a laptop's encrypted LVM volume on an array: dm-crypt (top0) over dm-linear
 # (vol0) over md2.
 sectors=$(cat /sys/block/md2/size)
 dmsetup create vol0 --table "0 $sectors linear /dev/md2 0" || vm_fail "dmsetup create vol0"
 dmsetup create top0 --table "0 $sectors crypt aes-cbc-plain64 00112233445566778899aabbccddeeff 0 /dev/mapper/vol0 0" \
     || vm_fail "dmsetup create top0"
-for b in /sys/block/dm-*; do echo "$(cat $b/dm/name) ${b##*/}"; done > /tmp/stack3_names.out
-trace_start stack3_snoop snoop --json --no-kprobes --device top0
-trace_start stack3_report_json report --json --no-kprobes --duration 600 --device top0
+for b in /sys/block/dm-*; do echo "$(cat $b/dm/name) ${b##*/}"; done > /tmp/md_parity_stack3_names.out
+trace_start md_parity_stack3_snoop snoop --json --no-kprobes --device top0
+trace_start md_parity_stack3_report_json report --json --no-kprobes --duration 600 --device top0
 stack3_disks="md2|$(cd /sys/block && ls -d dm-* | tr '\n' '|' | sed 's/|$//')"
-diskstats stack3_diskstats_before "$stack3_disks"
+diskstats md_parity_stack3_diskstats_before "$stack3_disks"
 /bin/iogen /dev/mapper/top0 write 100 4096 2
 /bin/iogen /dev/mapper/top0 read 100 4096 2
-diskstats stack3_diskstats_after "$stack3_disks"
-for t in stack3_snoop stack3_report_json; do trace_stop $t; done
-for t in stack3_names stack3_snoop stack3_report_json stack3_diskstats_before stack3_diskstats_after; do
+diskstats md_parity_stack3_diskstats_after "$stack3_disks"
+for t in md_parity_stack3_snoop md_parity_stack3_report_json; do trace_stop $t; done
+for t in md_parity_stack3_names md_parity_stack3_snoop md_parity_stack3_report_json md_parity_stack3_diskstats_before md_parity_stack3_diskstats_after; do
     emit $t
 done
 dmsetup remove top0 && dmsetup remove vol0 || echo "VM-WARNING dmsetup remove top0 vol0 failed"
 mdadm --stop /dev/md2 || echo "VM-WARNING mdadm --stop /dev/md2 failed"
 # raid6: the same personality with two parity pages a stripe (P and Q).
 md_create_active md3 6 /dev/ram12 /dev/ram13 /dev/ram14 /dev/ram15
-trace_start raid6_snoop snoop --json --no-kprobes --device md3
-trace_start raid6_report_json report --json --no-kprobes --duration 600 --device md3
-diskstats raid6_diskstats_before "md3|ram12|ram13|ram14|ram15"
+trace_start md_parity_raid6_snoop snoop --json --no-kprobes --device md3
+trace_start md_parity_raid6_report_json report --json --no-kprobes --duration 600 --device md3
+diskstats md_parity_raid6_diskstats_before "md3|ram12|ram13|ram14|ram15"
 /bin/iogen /dev/md3 write 60 4096 1
 /bin/iogen /dev/md3 read 60 4096 2
-diskstats raid6_diskstats_after "md3|ram12|ram13|ram14|ram15"
-for t in raid6_snoop raid6_report_json; do trace_stop $t; done
-for t in raid6_snoop raid6_report_json raid6_diskstats_before raid6_diskstats_after; do emit $t; done
+diskstats md_parity_raid6_diskstats_after "md3|ram12|ram13|ram14|ram15"
+for t in md_parity_raid6_snoop md_parity_raid6_report_json; do trace_stop $t; done
+for t in md_parity_raid6_snoop md_parity_raid6_report_json md_parity_raid6_diskstats_before md_parity_raid6_diskstats_after; do emit $t; done
 mdadm --stop /dev/md3 || echo "VM-WARNING mdadm --stop /dev/md3 failed""#;
 
 /// null_blk (50 ms timer completions, so a round of requests is in flight together): 96 reads
 /// in rounds (iogen `batch`) at queue depths 1, 2, 4, 8, 16, 32 on nullb0..nullb5, so each
 /// depth 1..QD is seen 96/QD times; then a snoop of 300 reads at qd 16.
-const NULL_BLK: &str = r#"trace_start nullb_qd_report_json report --json --by qd --duration 600 --device nullb0 --device nullb1 --device nullb2 --device nullb3 --device nullb4 --device nullb5
+const NULL_BLK: &str = r#"trace_start null_blk_qd_report_json report --json --by qd --duration 600 --device nullb0 --device nullb1 --device nullb2 --device nullb3 --device nullb4 --device nullb5
 i=0
 for qd in 1 2 4 8 16 32; do /bin/iogen /dev/nullb$i read 96 4096 $qd batch; i=$((i + 1)); done
-trace_stop nullb_qd_report_json
-emit nullb_qd_report_json
-trace_start nullb_snoop snoop --json --device nullb0
+trace_stop null_blk_qd_report_json
+emit null_blk_qd_report_json
+trace_start null_blk_snoop snoop --json --device nullb0
 /bin/iogen /dev/nullb0 read 300 4096 16
-trace_stop nullb_snoop
-emit nullb_snoop"#;
+trace_stop null_blk_snoop
+emit null_blk_snoop"#;
 
 /// Request-based dm (multipath mp0 = dm-1 over nullb6): 100 reads, then 50 writes, at qd 1,
 /// with the kprobes and again without (linked from dm's structs alone); then 400 reads at qd 8,
 /// where a clone's completion in a hard interrupt can land while the completion program runs in
 /// dm's soft interrupt (the kernel skips it: `recursion`).
-const DM_MULTIPATH: &str = r#"trace_start mp_snoop snoop --json --device dm-1
-trace_start mp_report_json report --json --duration 600 --device dm-1
+const DM_MULTIPATH: &str = r#"trace_start dm_multipath_snoop snoop --json --device dm-1
+trace_start dm_multipath_report_json report --json --duration 600 --device dm-1
 /bin/iogen /dev/dm-1 read 100 4096 1
 /bin/iogen /dev/dm-1 write 50 4096 1
 vm_idle dm-1
-for t in mp_snoop mp_report_json; do trace_stop $t; done
-for t in mp_snoop mp_report_json; do emit $t; done
-trace_start mpb_snoop snoop --json --no-kprobes --device dm-1
+for t in dm_multipath_snoop dm_multipath_report_json; do trace_stop $t; done
+for t in dm_multipath_snoop dm_multipath_report_json; do emit $t; done
+trace_start dm_multipath_btf_snoop snoop --json --no-kprobes --device dm-1
 /bin/iogen /dev/dm-1 read 100 4096 1
 /bin/iogen /dev/dm-1 write 50 4096 1
 vm_idle dm-1
-trace_stop mpb_snoop
-emit mpb_snoop
-trace_start mp8_snoop snoop --json --device dm-1
-trace_start mp8_report_json report --json --duration 600 --device dm-1
+trace_stop dm_multipath_btf_snoop
+emit dm_multipath_btf_snoop
+trace_start dm_multipath_qd8_snoop snoop --json --device dm-1
+trace_start dm_multipath_qd8_report_json report --json --duration 600 --device dm-1
 /bin/iogen /dev/dm-1 read 400 4096 8
 vm_idle dm-1
-for t in mp8_snoop mp8_report_json; do trace_stop $t; done
-for t in mp8_snoop mp8_report_json; do emit $t; done"#;
+for t in dm_multipath_qd8_snoop dm_multipath_qd8_report_json; do trace_stop $t; done
+for t in dm_multipath_qd8_snoop dm_multipath_qd8_report_json; do emit $t; done"#;
 
 /// dm targets that submit the lower IO from another task: dm-crypt (crypt0 over ram3; writes
 /// go out from its dmcrypt_write thread), dm-delay (delay0 over ram4, 20 ms: a kdelayd worker
@@ -222,14 +222,14 @@ dmsetup create pool --table "0 131072 thin-pool /dev/ram5 /dev/ram6 128 0" || vm
 dmsetup message pool 0 "create_thin 0" || vm_fail "dmsetup message pool create_thin"
 dmsetup create thin0 --table "0 131072 thin /dev/mapper/pool 0" || vm_fail "dmsetup create thin0"
 echo "dm devices: $(for d in /sys/block/dm-*; do echo "$(basename $d)=$(cat $d/dm/name)"; done | tr '\n' ' ')"
-trace_start dmx_snoop snoop --json --device crypt0 --device delay0 --device thin0
-trace_start dmx_report_json report --json --duration 600 --device crypt0 --device delay0 --device thin0
+trace_start dm_deferred_snoop snoop --json --device crypt0 --device delay0 --device thin0
+trace_start dm_deferred_report_json report --json --duration 600 --device crypt0 --device delay0 --device thin0
 /bin/iogen /dev/mapper/crypt0 write 200 4096 4
 /bin/iogen /dev/mapper/crypt0 read 100 4096 1
 /bin/iogen /dev/mapper/delay0 read 50 4096 1
 /bin/iogen /dev/mapper/thin0 write 150 4096 1
-for t in dmx_snoop dmx_report_json; do trace_stop $t; done
-for t in dmx_snoop dmx_report_json; do emit $t; done
+for t in dm_deferred_snoop dm_deferred_report_json; do trace_stop $t; done
+for t in dm_deferred_snoop dm_deferred_report_json; do emit $t; done
 dmsetup remove thin0 && dmsetup remove pool && dmsetup remove delay0 && dmsetup remove crypt0 \
     || echo "VM-WARNING dmsetup remove failed""#;
 
@@ -266,13 +266,13 @@ echo "dm devices: $(for d in /sys/block/dm-*; do echo "$(basename $d)=$(cat $d/d
 disks=$(for d in /sys/block/dm-*; do case $(cat $d/dm/name) in snaporig|snap0|integ0|integ1|wc0|cache0) basename $d;; esac; done | tr '\n' '|')
 disks=${disks%|}
 # vm_quiet: waits until no dm device of the scenario has moved for 3 s (commit timers fired).
-vm_quiet() { vm_until "the dmc disks never went quiet" dmc_still; }
-dmc_still() { a=$(grep -E " ($disks) " /proc/diskstats); sleep 3; [ "$a" = "$(grep -E " ($disks) " /proc/diskstats)" ]; }
+vm_quiet() { vm_until "the dm_copy disks never went quiet" dm_copy_still; }
+dm_copy_still() { a=$(grep -E " ($disks) " /proc/diskstats); sleep 3; [ "$a" = "$(grep -E " ($disks) " /proc/diskstats)" ]; }
 vm_quiet
-trace_start dmc_snoop snoop --json --device snaporig --device snap0 --device integ0 --device integ1 --device wc0 --device cache0
-trace_start dmc_report_json report --json --duration 600 --device snaporig --device snap0 --device integ0 \
+trace_start dm_copy_snoop snoop --json --device snaporig --device snap0 --device integ0 --device integ1 --device wc0 --device cache0
+trace_start dm_copy_report_json report --json --duration 600 --device snaporig --device snap0 --device integ0 \
     --device integ1 --device wc0 --device cache0
-diskstats dmc_diskstats_before "$disks"
+diskstats dm_copy_diskstats_before "$disks"
 /bin/iogen /dev/mapper/snaporig write 100 4096 2
 /bin/iogen /dev/mapper/snap0 read 100 4096 2
 for d in integ0 integ1 wc0 cache0; do
@@ -280,9 +280,9 @@ for d in integ0 integ1 wc0 cache0; do
     /bin/iogen /dev/mapper/$d read 100 4096 2
 done
 vm_quiet
-diskstats dmc_diskstats_after "$disks"
-for t in dmc_snoop dmc_report_json; do trace_stop $t; done
-for t in dmc_snoop dmc_report_json dmc_diskstats_before dmc_diskstats_after; do emit $t; done
+diskstats dm_copy_diskstats_after "$disks"
+for t in dm_copy_snoop dm_copy_report_json; do trace_stop $t; done
+for t in dm_copy_snoop dm_copy_report_json dm_copy_diskstats_before dm_copy_diskstats_after; do emit $t; done
 for d in cache0 wc0 integ1 integ0 snaporig snap0; do dmsetup remove $d || echo "VM-WARNING dmsetup remove $d failed"; done"#;
 
 /// qemu's real drivers (see `REAL_DISKS` in vm/qemu.rs): a plain NVMe namespace, a virtio-scsi
@@ -314,21 +314,21 @@ for sched in none mq-deadline kyber bfq; do
         echo $sched > /sys/block/$d/queue/scheduler || vm_fail "scheduler $sched on $d"
     done
     echo "round $round: scheduler $sched, policy $(cat /sys/class/nvme-subsystem/$subsys/iopolicy)"
-    trace_start drv${round}_report report --json --duration 600
-    trace_start drv${round}_head report --json --duration 600 --device $head
-    trace_start drv${round}_snoop snoop --json
-    diskstats drv${round}_before "$disks"
+    trace_start real_drivers_${round}_report report --json --duration 600
+    trace_start real_drivers_${round}_head report --json --duration 600 --device $head
+    trace_start real_drivers_${round}_snoop snoop --json
+    diskstats real_drivers_${round}_before "$disks"
     for d in $plain sda vda $head; do
         /bin/iogen /dev/$d read 60 4096 2
         /bin/iogen /dev/$d write 40 4096 2
     done
     for d in $plain sda vda $paths; do vm_idle $d; done
-    diskstats drv${round}_after "$disks"
-    for t in drv${round}_report drv${round}_head drv${round}_snoop; do trace_stop $t; done
-    echo "VM-RESULT-BEGIN drv${round}_setup"
+    diskstats real_drivers_${round}_after "$disks"
+    for t in real_drivers_${round}_report real_drivers_${round}_head real_drivers_${round}_snoop; do trace_stop $t; done
+    echo "VM-RESULT-BEGIN real_drivers_${round}_setup"
     echo "scheduler=$sched policy=$policy head_iostats=$(cat /sys/block/$head/queue/iostats) plain=$plain head=$head paths=$paths"
-    echo "VM-RESULT-END drv${round}_setup"
-    for t in drv${round}_before drv${round}_after drv${round}_report drv${round}_head drv${round}_snoop; do emit $t; done
+    echo "VM-RESULT-END real_drivers_${round}_setup"
+    for t in real_drivers_${round}_before real_drivers_${round}_after real_drivers_${round}_report real_drivers_${round}_head real_drivers_${round}_snoop; do emit $t; done
 done"#;
 
 /// NVMe multipath under controller resets: 3000 reads at qd 16 on the head (round-robin over
@@ -345,13 +345,13 @@ ctrl=$(basename $(readlink -f /sys/block/$path1/device))
 vm_until "/dev/$head never appeared" test -b /dev/$head
 echo round-robin > /sys/class/nvme-subsystem/$subsys/iopolicy
 disks=$(echo $head $paths | tr ' ' '|')
-echo "VM-RESULT-BEGIN fo_setup"
+echo "VM-RESULT-BEGIN nvme_failover_setup"
 echo "head=$head paths=$paths reset=$ctrl"
-echo "VM-RESULT-END fo_setup"
-trace_start fo_snoop snoop --json --device $head
-trace_start fo_report report --json --duration 600 --device $head
-diskstats fo_before "$disks"
-/bin/iogen /dev/$head read 3000 4096 16 > /tmp/fo_iogen.out &
+echo "VM-RESULT-END nvme_failover_setup"
+trace_start nvme_failover_snoop snoop --json --device $head
+trace_start nvme_failover_report report --json --duration 600 --device $head
+diskstats nvme_failover_before "$disks"
+/bin/iogen /dev/$head read 3000 4096 16 > /tmp/nvme_failover_iogen.out &
 io=$!
 for i in 1 2 3; do
     # Once the controller's path has requests in flight, reset it (the write returns when the
@@ -363,20 +363,20 @@ for i in 1 2 3; do
 done
 wait $io || echo "VM-WARNING iogen on $head failed"
 for d in $paths; do vm_idle $d; done
-diskstats fo_after "$disks"
-for t in fo_snoop fo_report; do trace_stop $t; done
-for t in fo_iogen fo_before fo_after fo_snoop fo_report; do emit $t; done
+diskstats nvme_failover_after "$disks"
+for t in nvme_failover_snoop nvme_failover_report; do trace_stop $t; done
+for t in nvme_failover_iogen nvme_failover_before nvme_failover_after nvme_failover_snoop nvme_failover_report; do emit $t; done
 # Merges on a path: 512 writes in rounds of 32 adjacent ones, each round in one io_submit,
 # all down one path (numa), whose plug merges bios that came from the head.
 echo numa > /sys/class/nvme-subsystem/$subsys/iopolicy
-trace_start fm_snoop snoop --json --device $head
-trace_start fm_report report --json --duration 600 --device $head
-diskstats fm_before "$disks"
-/bin/iogen /dev/$head write 512 4096 32 merge > /tmp/fm_iogen.out || echo "VM-WARNING iogen merge on $head failed"
+trace_start nvme_failover_merge_snoop snoop --json --device $head
+trace_start nvme_failover_merge_report report --json --duration 600 --device $head
+diskstats nvme_failover_merge_before "$disks"
+/bin/iogen /dev/$head write 512 4096 32 merge > /tmp/nvme_failover_merge_iogen.out || echo "VM-WARNING iogen merge on $head failed"
 for d in $paths; do vm_idle $d; done
-diskstats fm_after "$disks"
-for t in fm_snoop fm_report; do trace_stop $t; done
-for t in fm_iogen fm_before fm_after fm_snoop fm_report; do emit $t; done"#;
+diskstats nvme_failover_merge_after "$disks"
+for t in nvme_failover_merge_snoop nvme_failover_merge_report; do trace_stop $t; done
+for t in nvme_failover_merge_iogen nvme_failover_merge_before nvme_failover_merge_after nvme_failover_merge_snoop nvme_failover_merge_report; do emit $t; done"#;
 
 /// NVMe multipath over NVMe/TCP on loopback (the kernel's own target, nvmet): one namespace
 /// (nullb5: 50 ms a read, so requests stay in flight) behind two ports, both ANA-optimized, one
@@ -417,13 +417,13 @@ echo round-robin > /sys/class/nvme-subsystem/$subsys/iopolicy
 # Whatever the kernel reads of a new disk (its partition table), before tracing.
 /bin/iogen /dev/$head read 1 4096 1 > /dev/null
 disks=$(echo $head $paths | tr ' ' '|')
-echo "VM-RESULT-BEGIN ana_setup"
+echo "VM-RESULT-BEGIN nvme_ana_setup"
 echo "head=$head paths=$paths"
-echo "VM-RESULT-END ana_setup"
-trace_start ana_snoop snoop --json --device $head
-trace_start ana_report report --json --duration 600 --device $head
-diskstats ana_before "$disks"
-/bin/iogen /dev/$head read 2000 4096 16 > /tmp/ana_iogen.out &
+echo "VM-RESULT-END nvme_ana_setup"
+trace_start nvme_ana_snoop snoop --json --device $head
+trace_start nvme_ana_report report --json --duration 600 --device $head
+diskstats nvme_ana_before "$disks"
+/bin/iogen /dev/$head read 2000 4096 16 > /tmp/nvme_ana_iogen.out &
 io=$!
 path1=${paths%% *}
 # Port 1 goes away with requests in flight on its path (the target drops the connection: they
@@ -441,9 +441,9 @@ for i in 1 2 3 4; do
 done
 wait $io || echo "VM-WARNING iogen on $head failed"
 for d in $paths; do vm_idle $d; done
-diskstats ana_after "$disks"
-for t in ana_snoop ana_report; do trace_stop $t; done
-for t in ana_iogen ana_before ana_after ana_snoop ana_report; do emit $t; done
+diskstats nvme_ana_after "$disks"
+for t in nvme_ana_snoop nvme_ana_report; do trace_stop $t; done
+for t in nvme_ana_iogen nvme_ana_before nvme_ana_after nvme_ana_snoop nvme_ana_report; do emit $t; done
 for c in /sys/class/nvme-subsystem/$subsys/nvme*; do [ -e $c/delete_controller ] && echo 1 > $c/delete_controller; done
 for p in 1 2; do rm $cfs/ports/$p/subsystems/$nqn; rmdir $cfs/ports/$p; done
 echo 0 > $cfs/subsystems/$nqn/namespaces/1/enable
@@ -454,21 +454,21 @@ rmdir $cfs/subsystems/$nqn/namespaces/1 $cfs/subsystems/$nqn || echo "VM-WARNING
 const HOST_KERNEL: &str = r#"mkdir -p /dev/shm && mount -t tmpfs tmpfs /dev/shm
 # /metrics is served on loopback: bring it up (the VM has no other interface).
 ip link set lo up
-echo "VM-RESULT-BEGIN host_tests"
+echo "VM-RESULT-BEGIN host_kernel"
 TRACERD_BIN=/bin/tracerd TRACERD_TEST_NO_FIO=1 PATH=/usr/local/sbin:/usr/local/bin:$PATH \
     /t/deps/host_kernel --test-threads=1 --show-output 2>&1
 echo "host tests exit status: $?"
-echo "VM-RESULT-END host_tests""#;
+echo "VM-RESULT-END host_kernel""#;
 
 /// The cgroup tests (tests/tests/cgroups.rs) on cgroup v2 with the io and memory
 /// controllers, which they mount and turn on (the host has v1 blkio: no cgroup writeback).
 const CGROUPS: &str = r#"mkdir -p /dev/shm && mountpoint -q /dev/shm || mount -t tmpfs tmpfs /dev/shm
 ip link set lo up
-echo "VM-RESULT-BEGIN cgroup_tests"
+echo "VM-RESULT-BEGIN cgroups"
 TRACERD_BIN=/bin/tracerd TRACERD_TEST_NO_TMUX=1 PATH=/usr/local/sbin:/usr/local/bin:$PATH \
     /t/deps/cgroups --test-threads=1 --show-output 2>&1
 echo "cgroup tests exit status: $?"
-echo "VM-RESULT-END cgroup_tests""#;
+echo "VM-RESULT-END cgroups""#;
 
 /// What tracerd sees in this kernel, for the log and tests/tests/vm.rs: `doctor` with its load
 /// test (BTF, layout paths, each hook's variant and attach type, kprobes), as text and JSON.
@@ -510,34 +510,34 @@ pub struct Scenario {
 pub const SCENARIOS: &[Scenario] = &[
     Scenario { name: "smoke", needs: &["null_blk"], body: SMOKE },
     Scenario { name: "doctor", needs: &[], body: DOCTOR },
-    Scenario { name: "dm", needs: &["brd", "dm-mod"], body: DM_LINEAR },
+    Scenario { name: "dm_linear", needs: &["brd", "dm-mod"], body: DM_LINEAR },
     Scenario {
-        name: "dmx",
+        name: "dm_deferred",
         needs: &["brd", "dm-mod", "dm-crypt", "dm-delay", "dm-thin-pool"],
         body: DM_DEFERRED,
     },
     Scenario {
-        name: "dmc",
+        name: "dm_copy",
         needs: &["brd", "dm-mod", "dm-snapshot", "dm-integrity", "dm-writecache", "dm-cache", "dm-cache-smq"],
         body: DM_COPY,
     },
     Scenario { name: "md", needs: &["brd", "raid0", "raid1", "raid10"], body: MD },
-    Scenario { name: "raid5", needs: &["brd", "raid456", "dm-mod", "dm-crypt"], body: MD_PARITY },
-    Scenario { name: "nullb", needs: &["null_blk"], body: NULL_BLK },
+    Scenario { name: "md_parity", needs: &["brd", "raid456", "dm-mod", "dm-crypt"], body: MD_PARITY },
+    Scenario { name: "null_blk", needs: &["null_blk"], body: NULL_BLK },
     Scenario {
-        name: "mp",
+        name: "dm_multipath",
         needs: &["dm-mod", "dm-multipath", "dm-round-robin", "null_blk"],
         body: DM_MULTIPATH,
     },
     Scenario {
-        name: "drivers",
+        name: "real_drivers",
         needs: &["nvme", "virtio_pci", "virtio_blk", "virtio_scsi", "sd_mod", "kyber-iosched", "bfq"],
         body: REAL_DRIVERS,
     },
-    Scenario { name: "failover", needs: &["nvme", "virtio_pci"], body: NVME_FAILOVER },
-    Scenario { name: "ana", needs: &["null_blk", "nvmet", "nvmet-tcp", "nvme-tcp"], body: NVME_ANA },
-    Scenario { name: "host", needs: &["loop"], body: HOST_KERNEL },
-    Scenario { name: "cg", needs: &["loop"], body: CGROUPS },
+    Scenario { name: "nvme_failover", needs: &["nvme", "virtio_pci"], body: NVME_FAILOVER },
+    Scenario { name: "nvme_ana", needs: &["null_blk", "nvmet", "nvmet-tcp", "nvme-tcp"], body: NVME_ANA },
+    Scenario { name: "host_kernel", needs: &["loop"], body: HOST_KERNEL },
+    Scenario { name: "cgroups", needs: &["loop"], body: CGROUPS },
 ];
 
 /// Every scenario's name, in order.
@@ -551,4 +551,36 @@ pub fn script() -> String {
     let (smoke, rest) = SCENARIOS.split_first().expect("the smoke scenario");
     let wrapped = |s: &Scenario| scenario(s.name, s.needs, s.body);
     [wrapped(smoke), HELPERS.to_string()].into_iter().chain(rest.iter().map(wrapped)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the host reads of a scenario (its trace outputs, diskstats snapshots and result
+    /// sections) is named after it, so that its name alone finds its output and its tests.
+    #[test]
+    fn every_result_is_named_after_its_scenario() {
+        for s in SCENARIOS {
+            let ours = |name: &str| name == s.name || name.starts_with(&format!("{}_", s.name));
+            for line in s.body.lines() {
+                let words: Vec<&str> = line.split_whitespace().collect();
+                let named: Vec<&str> = match words.as_slice() {
+                    ["trace_start" | "diskstats", name, ..] => vec![name],
+                    ["echo", "\"VM-RESULT-BEGIN", name] => vec![name.trim_end_matches('"')],
+                    ["for", "t", "in", rest @ ..] if line.contains("emit $t") => {
+                        rest.iter().map(|w| w.trim_end_matches(';')).take_while(|w| *w != "do").collect()
+                    }
+                    _ => vec![],
+                };
+                for name in named {
+                    assert!(ours(name), "scenario {}: {name} in: {line}", s.name);
+                }
+            }
+        }
+        let mut names = names();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), SCENARIOS.len(), "scenario names are unique");
+    }
 }

@@ -39,7 +39,8 @@ printf "\nVM-BOOTED %s scenarios=%s absent=%s\n" "$(uname -r)" "$scenarios" "$ab
 vm_load() { vm_have "$1" && ! vm_listed "$1" "$builtin" || return 0; modprobe "$@" || vm_fail "modprobe $1"; }
 # ram0-1 md0, ram2 lin0, ram3 crypt0, ram4 delay0, ram5-6 the thin pool's metadata and data,
 # ram7-8 md1 (raid10), ram16-17 md4 (raid0, both made by the md scenario), ram9-11 md2 (raid5)
-# and ram12-15 md3 (raid6, both made by the raid5 scenario), ram18-26 the dmc scenario's targets.
+# and ram12-15 md3 (raid6, both made by the md_parity scenario), ram18-26 the dm_copy scenario's
+# targets.
 vm_load brd rd_nr=27 rd_size=65536
 vm_load raid0
 vm_load raid1
@@ -65,9 +66,8 @@ vm_load virtio_scsi
 vm_load sd_mod
 vm_load kyber-iosched
 vm_load bfq
-# nullb0..5 for the queue-depth scenario (nullb5 then backs the ana scenario's NVMe/TCP
-# namespace), nullb6 under multipath; timer completions keep
-# requests in flight.
+# nullb0..5 for the null_blk scenario's queue depths (nullb5 then backs the nvme_ana scenario's
+# NVMe/TCP namespace), nullb6 under multipath; timer completions keep requests in flight.
 vm_load null_blk nr_devices=7 irqmode=2 completion_nsec=50000000 hw_queue_depth=64
 # No udev in here: mdadm and dmsetup create their device nodes themselves.
 export MDADM_NO_UDEV=1 DM_DISABLE_UDEV=1
