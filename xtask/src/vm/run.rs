@@ -165,7 +165,7 @@ pub fn run_kernels(
 }
 
 /// Boots `series` with `scenarios` (names from [`scenarios::SCENARIOS`]), checks the chain
-/// worked, and returns the run for the assertions in tests/tests/vm.rs. With `assert_results`
+/// worked, and returns the run for the assertions in tests/tests/vm. With `assert_results`
 /// off (one scenario, for development) only the guest's own failures fail it.
 pub fn run_scenarios(
     series: KernelSeries,
@@ -211,7 +211,7 @@ pub fn run_scenarios(
             return Err(report(&format!("the guest never printed {marker}")));
         }
     }
-    // What tracerd chose on this kernel, for the test log (tests/tests/vm.rs asserts it).
+    // What tracerd chose on this kernel, for the test log (tests/tests/vm/doctor.rs asserts it).
     if let Some(doctor) = result_section(&console, "doctor_text") {
         eprintln!("xtask: vm-test: tracerd doctor on {}:\n{doctor}", kernel.version);
     }

@@ -470,7 +470,7 @@ TRACERD_BIN=/bin/tracerd TRACERD_TEST_NO_TMUX=1 PATH=/usr/local/sbin:/usr/local/
 echo "cgroup tests exit status: $?"
 echo "VM-RESULT-END cgroups""#;
 
-/// What tracerd sees in this kernel, for the log and tests/tests/vm.rs: `doctor` with its load
+/// What tracerd sees in this kernel, for the log and tests/tests/vm/doctor.rs: `doctor` with its load
 /// test (BTF, layout paths, each hook's variant and attach type, kprobes), as text and JSON.
 const DOCTOR: &str = r#"/bin/tracerd doctor --json > /tmp/doctor_json.out 2> /tmp/doctor_json.err
 echo "tracerd doctor exit status: $?"
