@@ -7,7 +7,9 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use xtask::vm::console::{self, Outcome, result_section, tail};
+use xtask::vm::console::{
+    DONE, HANG, Outcome, SETUP_DONE, SETUP_FAILED, has_line, line_starting, outcome, result_section, tail,
+};
 
 use super::{
     GUEST_HANG, VM_HANG, ensure_vm_packages,
@@ -17,7 +19,6 @@ use super::{
     modules::GUEST_MODULES,
     out_dir,
     qemu::boot,
-    scenarios,
 };
 use crate::{musl, setup};
 
@@ -164,7 +165,7 @@ pub fn run_kernels(
         .collect()
 }
 
-/// Boots `series` with `scenarios` (names from [`scenarios::SCENARIOS`]), checks the chain
+/// Boots `series` with `scenarios` (names from [`SCENARIOS`](super::scenarios::SCENARIOS)), checks the chain
 /// worked, and returns the run for the assertions in tests/tests/vm. With `assert_results`
 /// off (one scenario, for development) only the guest's own failures fail it.
 pub fn run_scenarios(
@@ -181,7 +182,7 @@ pub fn run_scenarios(
         bins,
         &[],
         &format!("tracerd-vm-{}", series.name),
-        &scenarios::script(),
+        &super::scenarios::script(),
         scenarios,
         VM_HANG,
     )?;
@@ -197,17 +198,17 @@ pub fn run_scenarios(
             log.display()
         )
     };
-    if let Some(line) = console::line_starting(&console, console::SETUP_FAILED) {
+    if let Some(line) = line_starting(&console, SETUP_FAILED) {
         return Err(report(&format!("the guest set-up failed: {line}")));
     }
-    if let Some(line) = console::line_starting(&console, console::HANG) {
+    if let Some(line) = line_starting(&console, HANG) {
         return Err(report(&format!(
             "a guest step hung ({} s without progress): {line}",
             GUEST_HANG.as_secs()
         )));
     }
-    for marker in [console::SETUP_DONE, console::DONE] {
-        if !console::has_line(&console, marker) {
+    for marker in [SETUP_DONE, DONE] {
+        if !has_line(&console, marker) {
             return Err(report(&format!("the guest never printed {marker}")));
         }
     }
@@ -218,7 +219,7 @@ pub fn run_scenarios(
     let run = VmRun { kernel: kernel.clone(), log: log.clone(), absent, guest_seconds };
     if !assert_results
         || !scenarios.contains(&"smoke")
-        || matches!(console::outcome(&console, "smoke"), Outcome::Skipped(_))
+        || matches!(outcome(&console, "smoke"), Outcome::Skipped(_))
     {
         return Ok(run);
     }
