@@ -7,14 +7,15 @@
 //! the guest under kprobes on md/dm/brd in 3 of 7 runs, single-threaded in none of 36.
 //!
 //! From the top down: [`run`] schedules guests and checks their runs; [`scenarios`] is the table
-//! of what a guest runs; [`guest`] writes its `/init`; [`initramfs`], [`modules`] and [`kernel`]
-//! build what qemu boots, and [`qemu`] boots it. [`console`](xtask::vm::console) reads what
-//! the guest printed.
+//! of what a guest runs; [`guest`] writes its `/init`; [`initramfs`], [`modules`] and
+//! [`kernel`](mod@kernel) build what qemu boots, and [`qemu`] boots it.
+//! [`console`](xtask::vm::console) reads what the guest printed.
 //!
-//! Adding a scenario: add a row to [`scenarios::SCENARIOS`] whose body prints its results between
-//! `VM-RESULT-BEGIN NAME_...` and `VM-RESULT-END NAME_...`, and a test module
-//! tests/tests/vm/NAME.rs that reads them with `xtask::vm::console`. The prologue gives every scenario
-//! /dev/md0 (raid1 over ram0+ram1), /dev/dm-0 (`lin0`, linear over ram2) and /dev/nullb0.
+//! Adding a scenario: a row in [`scenarios::SCENARIOS`] whose body prints its results between
+//! `VM-RESULT-BEGIN NAME_...` and `VM-RESULT-END NAME_...`, a module it needs in
+//! [`modules::GUEST_MODULES`] and the prologue (`vm/guest/init.sh`), and a test module
+//! tests/tests/vm/NAME.rs behind `ran("NAME")`. The prologue gives every scenario /dev/md0 (raid1
+//! over ram0+ram1), /dev/dm-0 (`lin0`, linear over ram2) and /dev/nullb0.
 
 mod guest;
 mod initramfs;
