@@ -498,7 +498,7 @@ fn short_lived_cgroups_stay_within_the_bound_expire_and_leak_nothing() {
 #[test]
 fn top_shows_a_row_per_cgroup_on_c() {
     require_root();
-    // The VM guest has no tmux: it says so (tests/tests/vm.rs requires the line). The host
+    // The VM guest has no tmux: it says so (tests/tests/vm/cgroups.rs requires the line). The host
     // runs this test for real.
     if std::env::var_os("TRACERD_TEST_NO_TMUX").is_some() {
         println!("SKIPPED top_shows_a_row_per_cgroup_on_c: no tmux here (TRACERD_TEST_NO_TMUX)");

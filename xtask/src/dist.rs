@@ -21,7 +21,10 @@ use std::{
 
 use anyhow::{Context, Result, ensure};
 
-use crate::{root_dir, run, setup, vm};
+use crate::{
+    musl::{dist_dir, static_binary, write_checksum},
+    root_dir, run, setup,
+};
 
 /// Debian packages `dist` needs: `strip`, `dpkg-deb` and `lintian`, umoci and skopeo.
 const DIST_PACKAGES: &[&str] = &["binutils", "dpkg-dev", "lintian", "umoci", "skopeo"];
@@ -123,37 +126,6 @@ fn walk(dir: &Path) -> Result<Vec<PathBuf>> {
         i += 1;
     }
     Ok(out)
-}
-
-fn dist_dir() -> PathBuf {
-    root_dir().join("target/dist")
-}
-
-/// The static binary (musl, the eBPF object inside, stripped) and its `.sha256`, in
-/// `target/dist/`: what `dist` ships and what the VM tests boot. The eBPF object must be built.
-pub fn static_binary() -> Result<PathBuf> {
-    setup::apt_install(&["binutils"], "the static binary (strip)")?;
-    vm::ensure_musl_target()?;
-    let built = vm::build_static(&["tracerd"], &["tracerd"])?.remove(0);
-    let out = dist_dir();
-    fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
-    let binary = out.join(format!("tracerd-{}-x86_64-linux-musl", env!("CARGO_PKG_VERSION")));
-    fs::copy(&built, &binary)
-        .with_context(|| format!("cannot copy {} to {}", built.display(), binary.display()))?;
-    run(Command::new("strip").arg("--strip-all").arg(&binary), "strip")?;
-    write_checksum(&binary)?;
-    Ok(binary)
-}
-
-/// `NAME.sha256` beside `file`, in `sha256sum`'s format (so `sha256sum -c` checks it).
-fn write_checksum(file: &Path) -> Result<()> {
-    let dir = file.parent().context("no directory")?;
-    let name = file.file_name().context("no file name")?;
-    let out =
-        Command::new("sha256sum").arg(name).current_dir(dir).output().context("cannot run sha256sum")?;
-    ensure!(out.status.success(), "sha256sum {} failed", file.display());
-    fs::write(dir.join(format!("{}.sha256", name.to_string_lossy())), out.stdout)?;
-    Ok(())
 }
 
 /// The package's files under a staging root, then `dpkg-deb --build`.

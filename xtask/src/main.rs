@@ -12,13 +12,13 @@
 //!   md/dm/brd/null_blk
 
 mod bench;
-mod cpio;
 mod dist;
 mod docs;
+mod elf;
+mod musl;
 mod setup;
 mod stress;
 mod vm;
-mod vm_scenarios;
 
 use std::{
     path::{Path, PathBuf},
@@ -99,8 +99,9 @@ enum Cmd {
         /// but cloud). Each runs every scenario.
         #[arg(long, default_value = "all")]
         kernel: String,
-        /// Run only this scenario (smoke, doctor, dm, dmx, md, raid5, nullb, mp, drivers, failover,
-        /// ana, host, cg) and keep the console log, without the assertions: for developing a scenario.
+        /// Run only this scenario (smoke, doctor, dm_linear, dm_deferred, dm_copy, md, md_parity,
+        /// null_blk, dm_multipath, real_drivers, nvme_failover, nvme_ana, host_kernel, cgroups) and
+        /// keep the console log, without the assertions: for developing a scenario.
         #[arg(long)]
         scenario: Option<String>,
     },
@@ -141,10 +142,11 @@ fn real_main() -> Result<()> {
         Cmd::Docs => docs::write(),
         Cmd::Dist => dist::dist(),
         Cmd::VmTest { kernel, scenario: Some(name) } => {
+            let names = vm::scenarios::names();
             ensure!(
-                vm_scenarios::NAMES.contains(&name.as_str()),
+                names.contains(&name.as_str()),
                 "no scenario {name:?}: --scenario takes one of {}",
-                vm_scenarios::NAMES.join(", ")
+                names.join(", ")
             );
             let bins = vm::build_guest_binaries()?;
             for run in vm::run_kernels(&vm::KernelSeries::select(&kernel)?, &bins, &[&name], false) {
@@ -281,7 +283,8 @@ fn test(unit_only: bool, stress: bool) -> Result<()> {
 /// needs the guest's stacked-device exposition and the host kernel.
 fn vm_tests(tally: &mut Tally, kernels: &[vm::KernelSeries], with_dashboard: bool) -> Result<()> {
     let bins = vm::build_guest_binaries()?;
-    let runs = vm::run_kernels(kernels, &bins, vm_scenarios::NAMES, true);
+    let names = vm::scenarios::names();
+    let runs = vm::run_kernels(kernels, &bins, &names, true);
     let mut lines = Vec::new();
     let mut failures = Vec::new();
     for (i, (series, run)) in kernels.iter().zip(runs).enumerate() {
@@ -292,7 +295,7 @@ fn vm_tests(tally: &mut Tally, kernels: &[vm::KernelSeries], with_dashboard: boo
                 "kernel {} ({}): scenarios {}{}: {} tests passed; guest ran {:.0} s",
                 run.kernel.version,
                 run.kernel.package,
-                vm_scenarios::NAMES.join(","),
+                names.join(","),
                 if run.absent.is_empty() {
                     String::new()
                 } else {
@@ -324,7 +327,7 @@ fn vm_tests(tally: &mut Tally, kernels: &[vm::KernelSeries], with_dashboard: boo
     Ok(())
 }
 
-/// One kernel's finished guest run: tests/tests/vm.rs against its console log.
+/// One kernel's finished guest run: tests/tests/vm against its console log.
 fn vm_kernel_tests(tally: &mut Tally, run: vm::VmRun, with_dashboard: bool) -> Result<vm::VmRun> {
     let mut cmd = cargo(None);
     cmd.args(["test", "--release", "-p", "tracerd-tests", "--test", "vm"])
@@ -379,4 +382,20 @@ fn integration_tests(tally: &mut Tally) -> Result<()> {
     ])
     .env("TRACERD_BIN", tracerd_bin());
     tally.run(&mut cmd, "integration tests (host kernel)")
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn scenario_help_lists_every_scenario() {
+        let mut cli = Cli::command();
+        let help = cli.find_subcommand_mut("vm-test").expect("vm-test").render_long_help().to_string();
+        let listed = help.split_once("Run only this scenario (").and_then(|(_, r)| r.split_once(')'));
+        let listed: Vec<&str> = listed.map(|(names, _)| names.split(", ").collect()).unwrap_or_default();
+        assert_eq!(listed, vm::scenarios::names(), "{help}");
+    }
 }
