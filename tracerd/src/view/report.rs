@@ -161,7 +161,7 @@ pub struct StageSummary {
     pub p99_s: f64,
     pub p999_s: f64,
     pub max_s: f64,
-    /// With `--hist` for this stage: its log2 histogram (histogram_view), rows of
+    /// With `--hist` for this stage: its log2 histogram (`view::histogram`), rows of
     /// `{"from_s", "to_s", "count"}` holding from_s <= time < to_s.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub log2_buckets: Option<Vec<Log2Bucket>>,

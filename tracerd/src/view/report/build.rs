@@ -10,7 +10,7 @@ use crate::{
     model::op::Op,
     model::stage::{self, Stage},
     model::topology::Topology,
-    view::histogram as histogram_view,
+    view::histogram,
 };
 
 use super::*;
@@ -25,7 +25,7 @@ impl OpReport {
     ) -> OpReport {
         let mut stages = summaries(&s.stages);
         if let Some((summary, h)) = hist.and_then(|st| Some((stages.get_mut(&st)?, s.stage(st)?))) {
-            summary.log2_buckets = Some(histogram_view::buckets(&h.hist));
+            summary.log2_buckets = Some(histogram::buckets(&h.hist));
         }
         OpReport {
             op,

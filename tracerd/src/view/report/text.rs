@@ -5,9 +5,7 @@ use std::{collections::BTreeMap, fmt::Write as _, io::Write as _};
 
 use anyhow::Result;
 
-use crate::{
-    model::capture, model::stage::Stage, units, view::histogram as histogram_view, view::style::Style,
-};
+use crate::{model::capture, model::stage::Stage, units, view::histogram, view::style::Style};
 
 use super::*;
 
@@ -445,7 +443,7 @@ fn render_op(out: &mut String, device: &str, op: &OpReport, style: Style) {
                 "  {} histogram (a row holds from <= time < to):",
                 stage.as_str().to_uppercase()
             );
-            out.push_str(&histogram_view::render_buckets(rows, style));
+            out.push_str(&histogram::render_buckets(rows, style));
         }
     }
 }
