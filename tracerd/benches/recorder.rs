@@ -15,9 +15,10 @@ use std::time::Instant;
 use tracer_common::{IoRecord, SeriesAgg, event, kind};
 use tracerd::{
     model::{
-        aggregate::{Lost, count_like_the_kernel},
+        aggregate::Lost,
         op::Op,
         recorder::{FrameBuilder, Recorder, RecorderLimits},
+        series::Series,
     },
     store::{Store, StoreLimits},
 };
@@ -53,7 +54,7 @@ fn main() {
                     rec.ts[event::D] = rec.ts[event::G] + 300 + next() % 2000;
                     // Log-spread device time: 5 µs to about 330 µs.
                     rec.ts[event::C] = rec.ts[event::D] + (5_000 << (next() % 7)) + next() % 5_000;
-                    count_like_the_kernel(&mut counted, &rec);
+                    counted.add_record(&rec, &[]);
                 }
                 builder.add_kernel(dev, op, &scaled(&counted, IOS_PER_SERIES / SAMPLE));
             }

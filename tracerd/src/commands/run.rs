@@ -18,11 +18,12 @@ use crate::{
     kernel::cgroupfs::{CgroupNames, Named},
     kernel::session::{Io, Session, shutdown_signal},
     kernel::tracer::{self, Aggregation, LoadOptions, kernel_release},
-    model::aggregate::{Aggregator, Lost, count_like_the_kernel},
+    model::aggregate::{Aggregator, Lost},
     model::cgroups::CgroupSeries,
     model::op::{Op, OpDecoder},
     model::recorder::{FrameBuilder, Recorder},
     model::selection::Selection,
+    model::series::Series,
     model::topology::Topology,
     serve::api,
     serve::http,
@@ -528,7 +529,7 @@ impl Check {
 
     fn count_record(&mut self, dev: u32, op: Op, rec: &tracer_common::IoRecord) {
         let cgroup = self.by_cgroup.then_some((rec.cgroup, rec.flags & flag::CGROUP_TASK != 0));
-        count_like_the_kernel(self.records.entry((dev, op, cgroup)).or_default(), rec);
+        self.records.entry((dev, op, cgroup)).or_default().add_record(rec, &[]);
     }
 
     /// Prints one line per series; fails if any differs.

@@ -15,6 +15,7 @@ use crate::{
     kernel::cgroupfs::{LabelForm, Named},
     model::op::Op,
     model::recorder::SeriesFrame,
+    model::series::{KernelSeries, Series},
 };
 
 /// The label of everything folded.

@@ -17,12 +17,13 @@ use std::{
     time::Duration,
 };
 
-use tracer_common::{IoRecord, SeriesAgg, agg, event, flag, kind, own};
+use tracer_common::{IoRecord, SeriesAgg, agg, own};
 
 use crate::model::{
-    aggregate::{Aggregator, LayerStats, Lost, OpStats, PATHS, QD_BUCKETS, StageHist, path_mask},
+    aggregate::{Aggregator, LayerStats, Lost, OpStats, PATHS, QD_BUCKETS, StageHist},
     layers::{LayerSplit, Phase},
     op::Op,
+    series::{KernelSeries, Series},
     stage::Stage,
     topology::{Device, Topology},
 };
@@ -122,77 +123,81 @@ pub struct SeriesFrame {
     pub qos: BTreeMap<u8, Box<Buckets>>,
 }
 
-impl SeriesFrame {
-    /// One record, counted as `Aggregator::add` counts it.
-    pub fn add_record(&mut self, rec: &IoRecord, layers: &[LayerSplit]) {
-        for split in layers {
-            let l = self.layers.entry(split.lower).or_insert_with(|| LayerFrame {
-                ios: 0,
-                lower_ios: 0,
-                phases: [Buckets::new(), Buckets::new(), Buckets::new()],
-            });
-            l.ios += 1;
-            l.lower_ios += split.ios as u64;
-            for (b, phase) in l.phases.iter_mut().zip(Phase::ALL) {
-                b.record(split.phase_ns(phase));
-            }
-        }
-        if rec.submit_ns != 0 {
-            record_in(&mut self.submit, rec.submit_ns);
-        }
-        if rec.personality_ns != 0 {
-            record_in(&mut self.personality, rec.personality_ns);
-        }
-        if rec.qos != 0 {
-            self.qos.entry(rec.qos).or_insert_with(Buckets::new).record(rec.qos_ns);
-        }
-        if rec.kind == kind::MERGE {
-            self.merged_bios += 1;
-        } else {
-            self.requests += 1;
-            self.bytes += rec.bytes as u64;
-            self.errors += (rec.error != 0) as u64;
-            if rec.flags & flag::UNLINKED != 0 {
-                self.unlinked += 1;
-                self.own[own::index(rec.own)] += 1;
-            }
-            *self.paths.entry(path_mask(rec) as u8).or_default() += 1;
-            if rec.queue_depth != 0 {
-                self.qd[agg::qd_bucket(rec.queue_depth)] += 1;
-                self.qd_sum += rec.queue_depth as u64;
-                self.qd_count += 1;
-            }
-        }
-        Stage::each_of(rec, |stage, ns| record_in(&mut self.stages[stage.index()], ns));
+impl Series for SeriesFrame {
+    fn count_requests(&mut self, requests: u64, bytes: u64, errors: u64) {
+        self.requests += requests;
+        self.bytes += bytes;
+        self.errors += errors;
     }
 
-    /// What the kernel counted since its last fold (in-kernel aggregation).
-    pub fn add_kernel(&mut self, c: &SeriesAgg) {
-        self.requests += c.requests;
-        self.bytes += c.bytes;
-        self.errors += c.errors;
-        for (path, &n) in c.paths.iter().enumerate().filter(|(_, n)| **n != 0) {
-            *self.paths.entry((path | 1 << event::C) as u8).or_default() += n as u64;
+    fn count_path(&mut self, mask: usize, requests: u64) {
+        *self.paths.entry(mask as u8).or_default() += requests;
+    }
+
+    fn record_queue_depth(&mut self, depth: u32) {
+        self.qd[agg::qd_bucket(depth)] += 1;
+        self.qd_sum += depth as u64;
+        self.qd_count += 1;
+    }
+
+    fn record_stage(&mut self, stage: Stage, ns: u64) {
+        record_in(&mut self.stages[stage.index()], ns);
+    }
+
+    fn count_merged_bio(&mut self) {
+        self.merged_bios += 1;
+    }
+
+    fn count_unlinked(&mut self, own: usize) {
+        self.unlinked += 1;
+        self.own[own] += 1;
+    }
+
+    fn record_layer(&mut self, split: &LayerSplit) {
+        let l = self.layers.entry(split.lower).or_insert_with(|| LayerFrame {
+            ios: 0,
+            lower_ios: 0,
+            phases: [Buckets::new(), Buckets::new(), Buckets::new()],
+        });
+        l.ios += 1;
+        l.lower_ios += split.ios as u64;
+        for (b, phase) in l.phases.iter_mut().zip(Phase::ALL) {
+            b.record(split.phase_ns(phase));
         }
-        for (b, &n) in self.qd.iter_mut().zip(&c.qd) {
+    }
+
+    fn record_submit(&mut self, ns: u64) {
+        record_in(&mut self.submit, ns);
+    }
+
+    fn record_personality(&mut self, ns: u64) {
+        record_in(&mut self.personality, ns);
+    }
+
+    fn record_qos(&mut self, policies: u8, ns: u64) {
+        self.qos.entry(policies).or_insert_with(Buckets::new).record(ns);
+    }
+}
+
+impl KernelSeries for SeriesFrame {
+    fn add_queue_depths(&mut self, buckets: &[u32; agg::QD_BUCKETS], sum: u64, count: u64) {
+        for (b, &n) in self.qd.iter_mut().zip(buckets) {
             *b += n as u64;
         }
-        self.qd_sum += c.qd_sum;
-        self.qd_count += c.qd_count;
-        for (k, counts) in c.hist.iter().enumerate() {
-            // A sum without counts: an IO the kernel was counting as the daemon read; its
-            // counts come with the next fold. Kept, so that sums add up over frames.
-            if counts.iter().all(|&n| n == 0) && c.stage_ns[k] == 0 {
-                continue;
-            }
-            let b = self.stages[Stage::KERNEL[k].index()].get_or_insert_with(Buckets::new);
-            for (to, &n) in b.counts.iter_mut().zip(counts) {
-                *to += n as u64;
-            }
-            b.sum_ns += c.stage_ns[k];
-        }
+        self.qd_sum += sum;
+        self.qd_count += count;
     }
 
+    fn add_stage_buckets(&mut self, stage: Stage, counts: &[u32; agg::BUCKETS], sum_ns: u64) {
+        let b = self.stages[stage.index()].get_or_insert_with(Buckets::new);
+        for (to, &n) in b.counts.iter_mut().zip(counts) {
+            *to += n as u64;
+        }
+        b.sum_ns += sum_ns;
+    }
+}
+
+impl SeriesFrame {
     /// Adds this series into the daemon's aggregate of `dev` and `op`.
     fn add_to(&self, stats: &mut OpStats) {
         stats.requests += self.requests;
@@ -731,9 +736,7 @@ fn decode_series(r: &mut Reader) -> Option<((u32, Op), SeriesFrame)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tracer_common::qos;
-
-    use crate::model::aggregate::count_like_the_kernel;
+    use tracer_common::{event, flag, kind, qos};
 
     fn request(q: u64, d: u64, c: u64, bytes: u32, qd: u32) -> IoRecord {
         let mut r = IoRecord { kind: kind::REQUEST, bytes, queue_depth: qd, ..Default::default() };
@@ -785,7 +788,7 @@ mod tests {
             );
         }
         let mut counted = SeriesAgg::default();
-        count_like_the_kernel(&mut counted, &request(0, 1_000_000, 3_000_000_000, 65536, 7));
+        counted.add_record(&request(0, 1_000_000, 3_000_000_000, 65536, 7), &[]);
         b.add_kernel(2, Op::Write, &counted);
         let expected: BTreeMap<(u32, Op), SeriesFrame> = b.series.clone().into_iter().collect();
         let lost = Lost { stale_bio: 3, kernel: [0, 0, 0, 0, 0, 2], ..Default::default() };
