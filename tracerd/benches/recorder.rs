@@ -19,6 +19,7 @@ use tracerd::{
         op::Op,
         recorder::{FrameBuilder, Recorder, RecorderLimits},
         series::Series,
+        topology::Device,
     },
     store::{Store, StoreLimits},
 };
@@ -97,7 +98,7 @@ fn store(frames: &[tracerd::model::recorder::Frame], first: u64, last: u64) {
     let every = defaults.sync_every.as_secs() as usize;
     let t = Instant::now();
     for (i, frame) in frames.iter().enumerate() {
-        store.append(frame, &[]);
+        store.append(frame, &[] as &[Device]);
         if (i + 1) % every == 0 {
             store.sync();
         }
@@ -109,7 +110,7 @@ fn store(frames: &[tracerd::model::recorder::Frame], first: u64, last: u64) {
     drop(store);
     let t = Instant::now();
     let mut recorder = Recorder::default();
-    recorder.store = Some(Store::open_read_only(&dir).expect("the store reads back"));
+    recorder.attach_store(Store::open_read_only(&dir).expect("the store reads back"));
     let read = recorder.window(first, last);
     let (agg, _) = read.aggregate().expect("frames decode");
     let read_ms = t.elapsed().as_secs_f64() * 1e3;

@@ -69,7 +69,7 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
                 store.frame_count()
             );
         }
-        recorder.store = Some(store);
+        recorder.attach_store(store);
     }
     // Labelled by cgroup, the kernel keeps (cgroup, device, op) series; a key idle for a while
     // gives its place back (at the latest when its label would expire).
@@ -311,7 +311,7 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
             _ = &mut shutdown => break,
         }
     }
-    let stored = shared.recorder.lock().unwrap_or_else(|e| e.into_inner()).store.is_some();
+    let stored = shared.recorder.lock().unwrap_or_else(|e| e.into_inner()).store().is_some();
     if aggregation == Aggregation::Check || stored {
         // Every IO done before the signal has its record in the ring buffer and its counts in
         // the kernel: take both, then compare; and keep the last frame, short as it is.
@@ -346,7 +346,7 @@ fn store_slow(shared: &api::Shared, minutes: &[crate::model::slowest::SlowMinute
     if minutes.is_empty() {
         return;
     }
-    if let Some(store) = &mut shared.recorder.lock().unwrap_or_else(|e| e.into_inner()).store {
+    if let Some(store) = shared.recorder.lock().unwrap_or_else(|e| e.into_inner()).store_mut() {
         store.append_slow(minutes);
     }
 }
@@ -370,7 +370,7 @@ fn seal_frame(
         frames: recorder.len(),
         span_s: recorder.span().map_or(0.0, |(a, b)| (b - a) as f64 / 1e3),
         dropped_for_memory: recorder.dropped_for_memory,
-        store: recorder.store.as_ref().map(|st| StoreGauges {
+        store: recorder.store().map(|st| StoreGauges {
             bytes: st.bytes(),
             max_bytes: st.limits.max_bytes,
             frames_not_stored: st.health.frames_not_stored,

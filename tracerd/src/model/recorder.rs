@@ -10,9 +10,13 @@
 //! already has. Frames are stored varint-encoded, so memory follows the IO done (an idle
 //! device costs nothing) and is bounded twice: by the retention and by `max_bytes`, oldest
 //! frames first; both drops are counted.
+//!
+//! `frame` holds the series and the frames, `codec` their bytes, and `stored` what the store
+//! on disk needs of them.
 
 mod codec;
 mod frame;
+mod stored;
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
@@ -59,9 +63,11 @@ pub struct Recorder {
     devices: HashMap<u32, (Device, u64)>,
     /// Frames dropped before their time because the frames took `max_bytes`.
     pub dropped_for_memory: u64,
-    /// The store on disk: every frame is written to it, and windows older than the frames in
-    /// memory are read from it.
-    pub store: Option<Store>,
+    /// The store on disk (`attach_store`): every frame is written to it, and windows older
+    /// than the frames in memory are read from it.
+    store: Option<Store>,
+    /// Every device the store names, as it was when written.
+    stored_devices: BTreeMap<u32, Device>,
 }
 
 /// A window of frames, taken from the recorder: decoded outside its lock.
@@ -129,7 +135,7 @@ impl PlannedWindow {
     /// Reads the store's frames (disk IO), and what of them was damaged: the caller counts it
     /// into the store's health.
     pub fn read(self) -> (Window, Unreadable) {
-        let (mut frames, bad) = self.reads.map(Reads::frames).unwrap_or_default();
+        let (mut frames, bad) = self.reads.map(Reads::frames::<Frame>).unwrap_or_default();
         frames.retain(|f| f.start_ms < self.in_memory);
         frames.extend(self.memory);
         let window = Window {
@@ -152,7 +158,8 @@ impl Recorder {
     pub fn push(&mut self, frame: Frame, devices: impl IntoIterator<Item = Device>) {
         let devices: Vec<Device> = devices.into_iter().collect();
         if let Some(store) = &mut self.store {
-            store.append(&frame, &devices);
+            let named = store.append(&frame, &devices);
+            self.stored_devices.extend(named.into_iter().map(|d| (d.dev, d.clone())));
         }
         for d in devices {
             self.devices.entry(d.dev).or_insert((d, 0)).1 = frame.end_ms;
@@ -221,7 +228,7 @@ impl Recorder {
             if from_ms < in_memory {
                 planned.reads = Some(store.plan_frames(from_ms, to_ms.min(in_memory)));
             }
-            planned.devices.extend(store.devices().cloned());
+            planned.devices.extend(self.stored_devices.values().cloned());
             planned.gaps = store.gaps(from_ms, to_ms);
         }
         planned.memory =

@@ -16,6 +16,7 @@ use crate::model::{
     series::{KernelSeries, Series},
     stage::Stage,
 };
+use crate::store::StoredFrame;
 
 use super::codec;
 
@@ -295,6 +296,20 @@ impl Frame {
 
     pub fn decode(&self) -> Result<Decoded, Damaged> {
         codec::decode(&self.data).map_err(|at| Damaged { start_ms: self.start_ms, at })
+    }
+}
+
+impl StoredFrame for Frame {
+    fn span_ms(&self) -> (u64, u64) {
+        (self.start_ms, self.end_ms)
+    }
+
+    fn data(&self) -> &[u8] {
+        &self.data
+    }
+
+    fn from_stored(start_ms: u64, end_ms: u64, data: &[u8]) -> Frame {
+        Frame::from_parts(start_ms, end_ms, data.into())
     }
 }
 
