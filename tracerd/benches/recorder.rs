@@ -15,9 +15,11 @@ use std::time::Instant;
 use tracer_common::{IoRecord, SeriesAgg, event, kind};
 use tracerd::{
     model::{
-        aggregate::{Lost, count_like_the_kernel},
+        aggregate::Lost,
         op::Op,
         recorder::{FrameBuilder, Recorder, RecorderLimits},
+        series::Series,
+        topology::Device,
     },
     store::{Store, StoreLimits},
 };
@@ -53,7 +55,7 @@ fn main() {
                     rec.ts[event::D] = rec.ts[event::G] + 300 + next() % 2000;
                     // Log-spread device time: 5 µs to about 330 µs.
                     rec.ts[event::C] = rec.ts[event::D] + (5_000 << (next() % 7)) + next() % 5_000;
-                    count_like_the_kernel(&mut counted, &rec);
+                    counted.add_record(&rec, &[]);
                 }
                 builder.add_kernel(dev, op, &scaled(&counted, IOS_PER_SERIES / SAMPLE));
             }
@@ -96,7 +98,7 @@ fn store(frames: &[tracerd::model::recorder::Frame], first: u64, last: u64) {
     let every = defaults.sync_every.as_secs() as usize;
     let t = Instant::now();
     for (i, frame) in frames.iter().enumerate() {
-        store.append(frame, &[]);
+        store.append(frame, &[] as &[Device]);
         if (i + 1) % every == 0 {
             store.sync();
         }
@@ -108,7 +110,7 @@ fn store(frames: &[tracerd::model::recorder::Frame], first: u64, last: u64) {
     drop(store);
     let t = Instant::now();
     let mut recorder = Recorder::default();
-    recorder.store = Some(Store::open_read_only(&dir).expect("the store reads back"));
+    recorder.attach_store(Store::open_read_only(&dir).expect("the store reads back"));
     let read = recorder.window(first, last);
     let (agg, _) = read.aggregate().expect("frames decode");
     let read_ms = t.elapsed().as_secs_f64() * 1e3;

@@ -9,6 +9,7 @@ pub mod layers;
 pub mod op;
 pub mod recorder;
 pub mod selection;
+pub mod series;
 pub mod slowest;
 pub mod stage;
 pub mod topology;

@@ -16,13 +16,14 @@ use crate::{
     kernel::cgroupfs::CgroupNames,
     kernel::session::{Io, Session, shutdown_signal},
     kernel::tracer::{self, Aggregation, LoadOptions, kernel_release},
-    model::aggregate::{Aggregator, Lost, count_like_the_kernel},
+    model::aggregate::{Aggregator, Lost},
     model::capture::hostname,
     model::cgroups::CgroupSeries,
     model::cgroups::Named,
     model::op::{Op, OpDecoder},
     model::recorder::{FrameBuilder, Recorder},
     model::selection::Selection,
+    model::series::Series,
     model::topology::Topology,
     serve::api,
     serve::http,
@@ -69,7 +70,7 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
                 store.frame_count()
             );
         }
-        recorder.store = Some(store);
+        recorder.attach_store(store);
     }
     // Labelled by cgroup, the kernel keeps (cgroup, device, op) series; a key idle for a while
     // gives its place back (at the latest when its label would expire).
@@ -311,7 +312,7 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
             _ = &mut shutdown => break,
         }
     }
-    let stored = shared.recorder.lock().unwrap_or_else(|e| e.into_inner()).store.is_some();
+    let stored = shared.recorder.lock().unwrap_or_else(|e| e.into_inner()).store().is_some();
     if aggregation == Aggregation::Check || stored {
         // Every IO done before the signal has its record in the ring buffer and its counts in
         // the kernel: take both, then compare; and keep the last frame, short as it is.
@@ -346,7 +347,7 @@ fn store_slow(shared: &api::Shared, minutes: &[crate::model::slowest::SlowMinute
     if minutes.is_empty() {
         return;
     }
-    if let Some(store) = &mut shared.recorder.lock().unwrap_or_else(|e| e.into_inner()).store {
+    if let Some(store) = shared.recorder.lock().unwrap_or_else(|e| e.into_inner()).store_mut() {
         store.append_slow(minutes);
     }
 }
@@ -370,7 +371,7 @@ fn seal_frame(
         frames: recorder.len(),
         span_s: recorder.span().map_or(0.0, |(a, b)| (b - a) as f64 / 1e3),
         dropped_for_memory: recorder.dropped_for_memory,
-        store: recorder.store.as_ref().map(|st| StoreGauges {
+        store: recorder.store().map(|st| StoreGauges {
             bytes: st.bytes(),
             max_bytes: st.limits.max_bytes,
             frames_not_stored: st.health.frames_not_stored,
@@ -529,7 +530,7 @@ impl Check {
 
     fn count_record(&mut self, dev: u32, op: Op, rec: &tracer_common::IoRecord) {
         let cgroup = self.by_cgroup.then_some((rec.cgroup, rec.flags & flag::CGROUP_TASK != 0));
-        count_like_the_kernel(self.records.entry((dev, op, cgroup)).or_default(), rec);
+        self.records.entry((dev, op, cgroup)).or_default().add_record(rec, &[]);
     }
 
     /// Prints one line per series; fails if any differs.

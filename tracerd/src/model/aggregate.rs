@@ -4,11 +4,13 @@
 use std::collections::{BTreeMap, HashMap};
 
 use hdrhistogram::Histogram;
-use tracer_common::{IoRecord, SeriesAgg, agg, event, flag, kind, lost, own};
+use tracer_common::{IoRecord, SeriesAgg, agg, lost, own};
 
+pub use crate::model::series::{PATHS, path_mask};
 use crate::{
     model::layers::{LayerSplit, Phase},
     model::op::Op,
+    model::series::{KernelSeries, Series},
     model::stage::Stage,
 };
 
@@ -206,12 +208,82 @@ impl OpStats {
     }
 }
 
-/// Bitmask of the events a record has (bit = `tracer_common::event` index).
-/// Event paths: one per set of events (bit i: event i fired).
-pub const PATHS: usize = 1 << event::COUNT;
+impl Series for OpStats {
+    fn count_requests(&mut self, requests: u64, bytes: u64, errors: u64) {
+        self.requests += requests;
+        self.bytes += bytes;
+        self.errors += errors;
+    }
 
-pub fn path_mask(rec: &IoRecord) -> usize {
-    rec.ts.iter().enumerate().filter(|(_, t)| **t != 0).fold(0, |m, (i, _)| m | 1 << i)
+    fn count_path(&mut self, mask: usize, requests: u64) {
+        self.paths[mask] += requests;
+    }
+
+    fn record_queue_depth(&mut self, depth: u32) {
+        self.queue_depth.record(depth);
+    }
+
+    fn record_stage(&mut self, stage: Stage, ns: u64) {
+        record_stage(&mut self.stages, stage, ns);
+    }
+
+    fn count_merged_bio(&mut self) {
+        self.merged_bios += 1;
+    }
+
+    fn count_unlinked(&mut self, own: usize) {
+        self.unlinked += 1;
+        self.own[own] += 1;
+    }
+
+    fn record_layer(&mut self, split: &LayerSplit) {
+        let l = self.layers.entry(split.lower).or_insert_with(|| LayerStats {
+            ios: 0,
+            lower_ios: 0,
+            phases: [StageHist::new(), StageHist::new(), StageHist::new()],
+        });
+        l.ios += 1;
+        l.lower_ios += split.ios as u64;
+        for (hist, phase) in l.phases.iter_mut().zip(Phase::ALL) {
+            hist.record(split.phase_ns(phase));
+        }
+    }
+
+    fn record_submit(&mut self, ns: u64) {
+        self.submit.get_or_insert_with(StageHist::new).record(ns);
+    }
+
+    fn record_personality(&mut self, ns: u64) {
+        self.personality.get_or_insert_with(StageHist::new).record(ns);
+    }
+
+    fn record_qos(&mut self, policies: u8, ns: u64) {
+        self.qos.entry(policies).or_insert_with(StageHist::new).record(ns);
+    }
+}
+
+/// Each kernel bucket's IOs go into the histogram at the bucket's middle: the Prometheus
+/// buckets are unions of the kernel's, so they come out exact; quantiles are within the kernel
+/// bucket's width. Sums are the kernel's exact ones.
+impl KernelSeries for OpStats {
+    fn add_queue_depths(&mut self, buckets: &[u32; agg::QD_BUCKETS], sum: u64, count: u64) {
+        let qd = &mut self.queue_depth;
+        for (b, &n) in qd.buckets.iter_mut().zip(buckets) {
+            *b += n as u64;
+        }
+        qd.sum += sum;
+        qd.count += count;
+    }
+
+    fn add_stage_buckets(&mut self, stage: Stage, counts: &[u32; agg::BUCKETS], sum_ns: u64) {
+        let h = self.stages[stage.index()].get_or_insert_with(StageHist::new);
+        for (b, &n) in counts.iter().enumerate() {
+            if n != 0 {
+                h.record_bucket(b, n as u64);
+            }
+        }
+        h.sum_ns += sum_ns;
+    }
 }
 
 /// Lost events by reason: the kernel's counters plus the daemon's own.
@@ -355,43 +427,7 @@ impl Aggregator {
         }
         let by_qd = self.by_qd;
         let stats = self.series.entry((dev, op)).or_default();
-        for split in layers {
-            let l = stats.layers.entry(split.lower).or_insert_with(|| LayerStats {
-                ios: 0,
-                lower_ios: 0,
-                phases: [StageHist::new(), StageHist::new(), StageHist::new()],
-            });
-            l.ios += 1;
-            l.lower_ios += split.ios as u64;
-            for (hist, phase) in l.phases.iter_mut().zip(Phase::ALL) {
-                hist.record(split.phase_ns(phase));
-            }
-        }
-        if rec.submit_ns != 0 {
-            stats.submit.get_or_insert_with(StageHist::new).record(rec.submit_ns);
-        }
-        if rec.personality_ns != 0 {
-            stats.personality.get_or_insert_with(StageHist::new).record(rec.personality_ns);
-        }
-        if rec.qos != 0 {
-            stats.qos.entry(rec.qos).or_insert_with(StageHist::new).record(rec.qos_ns);
-        }
-        if rec.kind == kind::MERGE {
-            stats.merged_bios += 1;
-        } else {
-            stats.requests += 1;
-            stats.bytes += rec.bytes as u64;
-            stats.errors += (rec.error != 0) as u64;
-            if rec.flags & flag::UNLINKED != 0 {
-                stats.unlinked += 1;
-                stats.own[own::index(rec.own)] += 1;
-            }
-            stats.paths[path_mask(rec)] += 1;
-            if rec.queue_depth != 0 {
-                stats.queue_depth.record(rec.queue_depth);
-            }
-        }
-        Stage::each_of(rec, |stage, ns| record_stage(&mut stats.stages, stage, ns));
+        stats.add_record(rec, layers);
         if by_qd && rec.queue_depth != 0 {
             let per_qd = stats.by_qd.entry(rec.queue_depth).or_default();
             Stage::each_of(rec, |stage, ns| record_stage(per_qd, stage, ns));
@@ -411,41 +447,13 @@ impl Aggregator {
     }
 
     /// Adds what the kernel counted for `dev` and `op` since its last fold (in-kernel
-    /// aggregation). Each bucket's IOs go into the histogram at the bucket's middle: the
-    /// Prometheus buckets are unions of the kernel's, so they come out exact; quantiles are
-    /// within the kernel bucket's width. Sums are the kernel's exact ones.
+    /// aggregation), at the kernel's bucket resolution (see `KernelSeries for OpStats`).
     pub fn add_kernel(&mut self, dev: u32, op: Op, counted: &SeriesAgg, name: impl Fn(u32) -> String) {
         if !self.admit(dev, &name) {
             self.over_limit += counted.requests;
             return;
         }
-        let stats = self.series.entry((dev, op)).or_default();
-        stats.requests += counted.requests;
-        stats.bytes += counted.bytes;
-        stats.errors += counted.errors;
-        for (path, &n) in counted.paths.iter().enumerate() {
-            stats.paths[path | 1 << event::C] += n as u64;
-        }
-        let qd = &mut stats.queue_depth;
-        for (b, &n) in qd.buckets.iter_mut().zip(&counted.qd) {
-            *b += n as u64;
-        }
-        qd.sum += counted.qd_sum;
-        qd.count += counted.qd_count;
-        for (k, buckets) in counted.hist.iter().enumerate() {
-            // A sum without counts is an IO the kernel was counting while it was read: its
-            // counts come with the next fold, and its ns are kept so that `_sum` stays exact.
-            if buckets.iter().all(|&n| n == 0) && counted.stage_ns[k] == 0 {
-                continue;
-            }
-            let h = stats.stages[Stage::KERNEL[k].index()].get_or_insert_with(StageHist::new);
-            for (b, &n) in buckets.iter().enumerate() {
-                if n != 0 {
-                    h.record_bucket(b, n as u64);
-                }
-            }
-            h.sum_ns += counted.stage_ns[k];
-        }
+        self.series.entry((dev, op)).or_default().add_kernel(counted);
     }
 
     pub fn name(&self, dev: u32) -> &str {
@@ -469,28 +477,10 @@ pub fn bucket_middle(b: usize) -> u64 {
     }
 }
 
-/// Counts a request record the way the kernel's aggregation does, with the daemon's own stage
-/// and path definitions: what `run --aggregation check` holds the kernel's counters against.
-pub fn count_like_the_kernel(a: &mut SeriesAgg, rec: &IoRecord) {
-    a.requests += 1;
-    a.bytes += rec.bytes as u64;
-    a.errors += (rec.error != 0) as u64;
-    if rec.queue_depth != 0 {
-        a.qd_sum += rec.queue_depth as u64;
-        a.qd_count += 1;
-        a.qd[agg::qd_bucket(rec.queue_depth)] += 1;
-    }
-    a.paths[path_mask(rec) & (agg::PATHS - 1)] += 1;
-    Stage::each_of(rec, |stage, ns| {
-        if let Some(k) = Stage::KERNEL.iter().position(|&s| s == stage) {
-            a.stage_ns[k] += ns;
-            a.hist[k][agg::bucket_of(ns)] += 1;
-        }
-    });
-}
-
 #[cfg(test)]
 mod tests {
+    use tracer_common::{event, kind};
+
     use super::*;
 
     fn request(q: u64, d: u64, c: u64, bytes: u32, qd: u32) -> IoRecord {
@@ -589,7 +579,7 @@ mod tests {
         let mut counted = SeriesAgg::default();
         for r in &recs {
             by_records.add(1, Op::Read, r, &[], |_| "loop0".into());
-            count_like_the_kernel(&mut counted, r);
+            counted.add_record(r, &[]);
         }
         by_kernel.add_kernel(1, Op::Read, &counted, |_| "loop0".into());
         let (a, b) = (&by_records.series[&(1, Op::Read)], &by_kernel.series[&(1, Op::Read)]);

@@ -11,7 +11,11 @@ use std::{
 
 use tracer_common::{IoRecord, SeriesAgg};
 
-use crate::{model::op::Op, model::recorder::SeriesFrame};
+use crate::{
+    model::op::Op,
+    model::recorder::SeriesFrame,
+    model::series::{KernelSeries, Series},
+};
 
 mod label;
 pub use label::{LabelForm, Named};

@@ -10,6 +10,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
+use crate::store::StoredSlowList;
+
 /// Slow IOs kept per device and minute.
 pub const PER_MINUTE: usize = 10;
 use tracer_common::limits::SLOW_FLOOR_NS as FLOOR_NS;
@@ -35,6 +37,21 @@ pub struct SlowMinute {
     pub device: String,
     pub minute_unix_s: u64,
     pub ios: Vec<SlowIo>,
+}
+
+/// Kept in the store as its JSON.
+impl StoredSlowList for SlowMinute {
+    fn minute_unix_s(&self) -> u64 {
+        self.minute_unix_s
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a slow minute encodes")
+    }
+
+    fn decode(bytes: &[u8]) -> Option<SlowMinute> {
+        serde_json::from_slice(bytes).ok()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -240,5 +257,25 @@ mod tests {
         s.tick(240_000);
         s.tick(300_000);
         assert!(s.window(0.0, 400.0).is_empty(), "older than the retention");
+    }
+
+    #[test]
+    fn filed_minutes_read_back_from_the_store_whole() {
+        use crate::store::{Store, StoreLimits, Unreadable};
+        let d = std::env::temp_dir().join(format!("tracerd-slowest-store-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let mut s = Slowest::new(60);
+        s.tick(60_000);
+        s.offer(7, "loop0", 70_000, &io(3));
+        let filed = s.tick(120_000);
+        let mut store = Store::open(StoreLimits::new(d.clone())).unwrap();
+        store.append_slow(&filed);
+        drop(store);
+        let store = Store::open_read_only(&d).unwrap();
+        let (read, bad) = store.plan_slow(0.0, 1e12).slow_minutes::<SlowMinute>();
+        assert_eq!(bad, Unreadable::default());
+        assert_eq!((read.len(), read[0].device.as_str(), read[0].minute_unix_s), (1, "loop0", 60));
+        assert_eq!((read[0].ios[0].took_ns, read[0].ios[0].io()), (70_000, io(3)));
+        std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -265,7 +265,7 @@ impl Shared {
             from_unix_s: span.map(|s| s.0 as f64 / 1e3),
             to_unix_s: span.map(|s| s.1 as f64 / 1e3),
             frames_dropped_for_memory: r.dropped_for_memory,
-            store: r.store.as_ref().map(store_status),
+            store: r.store().map(store_status),
         };
         s
     }
@@ -295,7 +295,7 @@ impl Shared {
     fn slowest(&self, from_unix_s: f64, to_unix_s: f64) -> Vec<crate::model::slowest::SlowMinute> {
         let reads = {
             let recorder = self.recorder.lock().unwrap_or_else(|e| e.into_inner());
-            recorder.store.as_ref().map(|st| st.plan_slow(from_unix_s, to_unix_s))
+            recorder.store().map(|st| st.plan_slow(from_unix_s, to_unix_s))
         };
         let mut minutes =
             self.slowest.lock().unwrap_or_else(|e| e.into_inner()).window(from_unix_s, to_unix_s);
@@ -309,7 +309,7 @@ impl Shared {
 
     fn count_unreadable(&self, bad: crate::store::Unreadable) {
         if bad != crate::store::Unreadable::default()
-            && let Some(store) = &mut self.recorder.lock().unwrap_or_else(|e| e.into_inner()).store
+            && let Some(store) = self.recorder.lock().unwrap_or_else(|e| e.into_inner()).store_mut()
         {
             store.count_unreadable(bad);
         }

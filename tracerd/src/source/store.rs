@@ -26,7 +26,7 @@ pub fn store_window(
     let (slowest, bad) = store.plan_slow(from, to).slow_minutes();
     store.count_unreadable(bad);
     let mut recorder = crate::model::recorder::Recorder::default();
-    recorder.store = Some(store);
+    recorder.attach_store(store);
     let window = recorder.window(api::window_ms(from), api::window_ms(to));
     if window.frames.is_empty() {
         anyhow::bail!(
