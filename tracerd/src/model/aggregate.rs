@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use hdrhistogram::Histogram;
 use tracer_common::{IoRecord, SeriesAgg, agg, lost, own};
 
-pub use crate::model::series::{PATHS, path_mask};
+pub use crate::model::stage::PATHS;
 use crate::{
     model::layers::{LayerSplit, Phase},
     model::op::Op,

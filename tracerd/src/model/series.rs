@@ -7,15 +7,10 @@
 
 use tracer_common::{IoRecord, SeriesAgg, agg, event, flag, kind, own};
 
-use crate::model::{layers::LayerSplit, stage::Stage};
-
-/// Event paths: one per set of events (bit i: event i fired).
-pub const PATHS: usize = 1 << event::COUNT;
-
-/// Bitmask of the events a record has (bit = `tracer_common::event` index).
-pub fn path_mask(rec: &IoRecord) -> usize {
-    rec.ts.iter().enumerate().filter(|(_, t)| **t != 0).fold(0, |m, (i, _)| m | 1 << i)
-}
+use crate::model::{
+    layers::LayerSplit,
+    stage::{Stage, path_mask},
+};
 
 /// Where each part of an IO goes in one series. Times are in ns.
 pub trait Series {

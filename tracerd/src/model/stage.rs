@@ -138,6 +138,14 @@ pub fn path_of_mask(mask: usize) -> String {
     LETTERS.iter().filter(|(e, _)| mask & 1 << e != 0).map(|&(_, c)| c as char).collect()
 }
 
+/// Event paths: one per set of events (bit i: event i fired).
+pub const PATHS: usize = 1 << event::COUNT;
+
+/// Bitmask of the events a record has (bit = `tracer_common::event` index).
+pub fn path_mask(rec: &IoRecord) -> usize {
+    rec.ts.iter().enumerate().filter(|(_, t)| **t != 0).fold(0, |m, (i, _)| m | 1 << i)
+}
+
 /// [`path`] without allocating: the letters, and how many there are.
 pub fn path_letters(rec: &IoRecord) -> ([u8; event::COUNT], usize) {
     let mut out = ([0u8; event::COUNT], 0);
@@ -204,7 +212,7 @@ mod tests {
         assert_eq!(s[0], (Stage::H2q, 9_900));
         assert!(s.contains(&(Stage::Q2c, 1_100)), "Q2C starts at Q, after the hold");
         assert_eq!(path(&r), "HQGDC");
-        assert_eq!(path_of_mask(crate::model::aggregate::path_mask(&r)), "HQGDC");
+        assert_eq!(path_of_mask(path_mask(&r)), "HQGDC");
         let mut m = IoRecord { kind: kind::MERGE, ..Default::default() };
         (m.ts[event::H], m.ts[event::Q], m.ts[event::M]) = (5, 10, 25);
         assert_eq!(stages(&m), vec![(Stage::H2q, 5), (Stage::Q2m, 15)]);
