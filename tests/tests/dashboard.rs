@@ -51,11 +51,9 @@ fn vm_exposition() -> String {
     let path = std::env::var("TRACERD_VM_CONSOLE")
         .expect("TRACERD_VM_CONSOLE is unset: run this after the VM test (`cargo xtask test` does)");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let begin = "VM-RESULT-BEGIN dm_linear_metrics\n";
-    let start = text.find(begin).expect("no dm_linear_metrics section in the VM console log") + begin.len();
-    let end =
-        start + text[start..].find("VM-RESULT-END dm_linear_metrics").expect("dm_linear_metrics not closed");
-    let body = text[start..end].replace('\r', "");
+    let lines = xtask::vm::console::section_lines(&text, "dm_linear_metrics")
+        .unwrap_or_else(|e| panic!("dm_linear_metrics in the VM console log: {e:?}"));
+    let body = lines.iter().map(|l| format!("{l}\n")).collect::<String>();
     assert!(body.contains("tracerd_io_layer_seconds_bucket"), "the guest's exposition has no layer series");
     body
 }
