@@ -594,7 +594,7 @@ pub fn missed_in_text(text: &str) -> u64 {
         .sum()
 }
 
-fn strip_escapes(s: &str) -> String {
+pub fn strip_escapes(s: &str) -> String {
     let mut out = String::new();
     let mut chars = s.chars();
     while let Some(c) = chars.next() {

@@ -121,7 +121,11 @@ pub mod lost {
     /// requeue between: that completion was never seen (a nested run the kernel skipped,
     /// counted as `recursion` too, or a run it did not make at all: docs/internals/missed-completions.md).
     pub const MISSED_COMPLETION: u32 = 5;
-    pub const KERNEL_COUNT: u32 = 6;
+    /// A task slept inside an IO's phase while `WAITERS` was full: its wait went unrecorded.
+    pub const WAIT_MAP_FULL: u32 = 6;
+    /// A sleeper's or waker's kernel stack could not be taken (its wait is kept, unnamed).
+    pub const STACK: u32 = 7;
+    pub const KERNEL_COUNT: u32 = 8;
 }
 
 /// One record per completed request (or merged bio), written by the kernel into the ring buffer.
@@ -169,6 +173,91 @@ pub struct IoRecord {
     /// The request's own timestamps as the kernel left them at completion (indexed by
     /// [`kernel_ts`]); 0 where it did not set one (or BTF lacks the member). Requests only.
     pub kernel_ns: [u64; kernel_ts::COUNT],
+}
+
+/// Waits of a task inside an IO's phase (config `causes`): what each [`WaitRecord`] field means.
+pub mod wait {
+    /// `WaitRecord::phase`: the submitter between the bio's Q and its request's G (a tag, a
+    /// frozen queue, an rq-qos policy).
+    pub const Q2G: u8 = 1;
+    /// Inside a stacked device's submit function, before its lower IO is sent
+    /// (`md_write_start`, raid1's `wait_barrier`).
+    pub const SUBMIT: u8 = 2;
+    /// `WaitRecord::state`: the task blocked (asleep until woken).
+    pub const BLOCKED: u8 = 1;
+    /// The task was preempted: runnable, waiting for a CPU.
+    pub const PREEMPTED: u8 = 2;
+    /// `WaitRecord::waker`: no wakeup was seen before the task ran again (preempted, or a
+    /// wakeup that came before the hooks were attached).
+    pub const WAKER_NONE: u8 = 0;
+    /// The wakeup came inside the completion of an IO (`waker_io` on `waker_disk`).
+    pub const WAKER_IO: u8 = 1;
+    /// A task woke it (`waker_tid`, `waker_comm`), outside any IO completion.
+    pub const WAKER_TASK: u8 = 2;
+    /// An interrupt that was completing no IO woke it (a timer, another device).
+    pub const WAKER_INTERRUPT: u8 = 3;
+    /// Nesting levels whose completions are told apart on a CPU: task, softirq, hardirq.
+    pub const LEVELS: u32 = 4;
+}
+
+/// One sleep (or preemption) of a task inside an IO's phase, sent when the task runs again.
+/// A different size from [`IoRecord`]: the reader tells the two apart by length.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WaitRecord {
+    /// The task left the CPU (`sched_switch`).
+    pub slept_ns: u64,
+    /// Its first wakeup (`sched_waking`); 0 if none was seen.
+    pub woken_ns: u64,
+    /// It ran again.
+    pub ran_ns: u64,
+    /// The bio it held (its key), and that bio's Q: with `dev`, they name the IO.
+    pub bio: u64,
+    pub queued_ns: u64,
+    /// The IO whose completion woke it ([`wait::WAKER_IO`]): its record's `id`, and the stamp
+    /// its record has as C (the same clock read).
+    pub waker_io: u64,
+    pub waker_io_done_ns: u64,
+    pub dev: u32,
+    /// `bi_opf` of the held bio.
+    pub opf: u32,
+    /// Whole disk of the waking IO; 0 if untraced.
+    pub waker_disk: u32,
+    pub tid: u32,
+    /// The task current when the wakeup came (for [`wait::WAKER_IO`] in an interrupt, the one
+    /// it interrupted).
+    pub waker_tid: u32,
+    /// Kernel stack ids in `STACKS` of the sleeper (at sleep) and of the waker; negative when
+    /// none could be taken.
+    pub stack: i32,
+    pub waker_stack: i32,
+    pub phase: u8,
+    pub state: u8,
+    pub waker: u8,
+    pub _pad: u8,
+    pub waker_comm: [u8; 16],
+}
+
+/// The task on a CPU that queued a bio and has not yet left the CPU (per CPU, `HOLDER`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Holder {
+    pub bio: u64,
+    pub queued_ns: u64,
+    pub tid: u32,
+    pub dev: u32,
+    pub opf: u32,
+    pub _pad: u32,
+}
+
+/// The IO whose completion runs at one nesting level of a CPU (`COMPLETING`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Completing {
+    pub io: u64,
+    pub done_ns: u64,
+    pub disk: u32,
+    pub _pad: u32,
 }
 
 /// Timestamps the kernel keeps in `struct request`, read at completion beside the probes' own.
@@ -401,6 +490,10 @@ pub struct Settings {
     /// Non-zero when the rq-qos wait probes are asked for (config `rq_qos`): only then does G
     /// look for its task's waits.
     pub rq_qos: u32,
+    /// Non-zero when the scheduler hooks record waits inside IO phases (config `causes`): only
+    /// then does Q note its submitter and a completion mark its CPU (`wait`).
+    pub causes: u32,
+    pub _pad: u32,
     /// Addresses of the callbacks through which wbt and io.latency call `rq_qos_wait`
     /// (`/proc/kallsyms`); 0 where unknown.
     pub wbt_inflight_cb: u64,
@@ -445,6 +538,9 @@ pub struct DeviceState {
     /// 1 for a path disk of NVMe multipath (sysfs `hidden`, below its head): a bio moved here
     /// after its Q is a lower IO of the bio on the head.
     pub path: u32,
+    /// 1 for a bio-based device (no `mq/` in sysfs: md, dm, brd, an NVMe head): its bios get
+    /// no G, so a submitter's sleep counts for one only inside its submit function.
+    pub bio_based: u32,
 }
 
 /// In-kernel aggregation for the agent (`tracerd run`): completed reads and writes of a device
@@ -647,6 +743,11 @@ pub struct KernelLayout {
     pub disk_first_minor: u32,
     /// `struct task_struct.comm`.
     pub task_comm: u32,
+    /// `struct task_struct.pid` (the thread id), `.on_rq` and the CPU it last ran on
+    /// (`.thread_info.cpu` or `.cpu`); 0 unless causes are on.
+    pub task_pid: u32,
+    pub task_on_rq: u32,
+    pub task_cpu: u32,
     /// `struct request.start_time_ns` and `.io_start_time_ns`; 0 where BTF lacks them.
     pub rq_start_time_ns: u32,
     pub rq_io_start_time_ns: u32,
@@ -686,6 +787,9 @@ impl KernelLayout {
         disk_major: 0,
         disk_first_minor: 0,
         task_comm: 0,
+        task_pid: 0,
+        task_on_rq: 0,
+        task_cpu: 0,
         rq_start_time_ns: 0,
         rq_io_start_time_ns: 0,
         bio_cgroup: 0,
@@ -713,6 +817,12 @@ pub mod limits {
     pub const MAX_LINKS: u32 = 16_384;
     /// Tasks inside a stacked device's submit function at once.
     pub const MAX_SUBMITTERS: u32 = 4_096;
+    /// Tasks asleep inside an IO's phase at once (`WAITERS`).
+    pub const MAX_WAITERS: u32 = 8_192;
+    /// Wakeups that came before their sleeper's sched_switch (`EARLY_WAKES`).
+    pub const EARLY_WAKES: u32 = 1_024;
+    /// Distinct kernel stacks of sleepers and wakers (`STACKS`): about 1 KiB each.
+    pub const STACKS: u32 = 2_048;
     /// Ring buffer bytes (a power of two, multiple of the page size).
     pub const RINGBUF_BYTES: u32 = 8 << 20;
     /// The fewest devices the kernel aggregates for (`agg`): a series per op each, given out
@@ -737,6 +847,7 @@ pub mod names {
     pub const STREAM: &str = "STREAM";
     pub const SLOW_NS: &str = "SLOW_NS";
     pub const STACK: &str = "STACK";
+    pub const STACKS: &str = "STACKS";
 }
 
 #[cfg(feature = "user")]
@@ -753,6 +864,7 @@ mod user {
     unsafe impl<V: aya::Pod> aya::Pod for Slot<V> {}
     unsafe impl aya::Pod for Settings {}
     unsafe impl aya::Pod for StackLayout {}
+    unsafe impl aya::Pod for WaitRecord {}
     unsafe impl aya::Pod for SeriesAgg {}
     unsafe impl aya::Pod for CgroupSeriesKey {}
 }
@@ -803,3 +915,6 @@ mod tests {
         assert_eq!(got, [0, 0, 1, 2, 2, 3, 10, 11, 11]);
     }
 }
+
+// The reader tells wait records from IO records by length.
+const _: () = assert!(size_of::<WaitRecord>() != size_of::<IoRecord>());

@@ -11,6 +11,7 @@ use crate::{
     maps::{BIOS, EVENTS, LINKS, commit_flags, count_lost, is_traced, layout, settings, stacking, streaming},
     qos::take_qos_wait,
     record::fill_bio_record,
+    sched::{note_completing, note_holder},
     slots::{copy_comm, copy_words, slot_claim, slot_claim_free, slot_free, slot_get, zero_words},
     stacking::{on_head_complete, queued_clone_upper, queued_own_kind},
 };
@@ -114,6 +115,7 @@ pub(crate) fn on_bio_queue<M: Mem>(bio: u64) {
         }
     }
     state.parent = 0;
+    note_holder(key, state.queued_ns, dev, state.opf);
     if let Some(s) = stacking() {
         // SAFETY: copy out of a map value.
         if let Some(parent) = unsafe { LINKS.get(&key) }.copied() {
@@ -207,9 +209,13 @@ pub(crate) fn on_bio_complete<M: Mem>(bio: u64) {
     // SAFETY: our slot's value.
     let Some(state) = state.filter(|&s| unsafe { (*s).flags } & flag::PATH == 0) else {
         // A bio that NVMe moved to a path, completing on its head.
-        on_head_complete(key, state);
+        note_completing(key, 0, 0);
+        on_head_complete(key, state.unwrap_or(core::ptr::null_mut()));
         return;
     };
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: our slot's value.
+    note_completing(key, unsafe { (*state).dev }, now);
     let Some(mut entry) = EVENTS.reserve::<IoRecord>(0) else {
         slot_free(state);
         count_lost(lost::RINGBUF_FULL);
@@ -220,7 +226,7 @@ pub(crate) fn on_bio_complete<M: Mem>(bio: u64) {
     // SAFETY: the reserved entry is ours until submit; `state` is our slot until freed.
     unsafe {
         let rec = entry.as_mut_ptr();
-        fill_bio_record(rec, &*state, key, bpf_ktime_get_ns());
+        fill_bio_record(rec, &*state, key, now);
         (*rec).error = status as u32;
     }
     slot_free(state);

@@ -19,6 +19,7 @@ mod maps;
 mod qos;
 mod record;
 mod request;
+mod sched;
 mod slots;
 mod stacking;
 
@@ -33,6 +34,7 @@ use crate::{
     kernel::{Direct, Probe, arg},
     qos::{on_qos_enter, on_qos_exit, rq_qos_policy},
     request::{on_rq_complete, on_rq_insert, on_rq_issue, on_rq_requeue},
+    sched::{on_level_enter, on_level_exit, on_sched_switch, on_sched_waking},
     stacking::{
         on_bio_remap, on_personality_enter, on_personality_exit, on_queue_rq_enter, on_queue_rq_exit,
         on_rq_remap, on_submit_enter, on_submit_exit,
@@ -106,6 +108,47 @@ hook!("block_rq_remap", btf_rq_remap_a1, raw_rq_remap_a1, 1, |c| on_rq_remap(
 hook!("block_bio_complete", btf_bio_complete_a1, raw_bio_complete_a1, 1, |c| on_bio_complete::<M>(arg::<1>(
     c
 )));
+
+// Waits inside IO phases (config `causes`): tp_btf only, on kernels whose sched_switch has
+// `prev_state` as its last argument (5.18 and later): (preempt, prev, next, prev_state).
+#[btf_tracepoint(function = "sched_switch")]
+pub fn btf_sched_switch(c: BtfTracePointContext) -> i32 {
+    let ctx = c.as_ptr();
+    on_sched_switch(&c, arg::<0>(ctx), arg::<2>(ctx), arg::<3>(ctx));
+    0
+}
+
+#[btf_tracepoint(function = "sched_waking")]
+pub fn btf_sched_waking(c: BtfTracePointContext) -> i32 {
+    on_sched_waking(&c, arg::<0>(c.as_ptr()));
+    0
+}
+
+// Interrupt levels, so that a completion running in an interrupt is not taken for the
+// interrupted task's.
+#[btf_tracepoint(function = "irq_handler_entry")]
+pub fn btf_irq_entry(_c: BtfTracePointContext) -> i32 {
+    on_level_enter();
+    0
+}
+
+#[btf_tracepoint(function = "irq_handler_exit")]
+pub fn btf_irq_exit(_c: BtfTracePointContext) -> i32 {
+    on_level_exit();
+    0
+}
+
+#[btf_tracepoint(function = "softirq_entry")]
+pub fn btf_softirq_entry(_c: BtfTracePointContext) -> i32 {
+    on_level_enter();
+    0
+}
+
+#[btf_tracepoint(function = "softirq_exit")]
+pub fn btf_softirq_exit(_c: BtfTracePointContext) -> i32 {
+    on_level_exit();
+    0
+}
 
 // Submit paths of stacked devices (module functions: kprobes, attached by name).
 #[kprobe]

@@ -7,11 +7,12 @@ use core::ptr::read_volatile;
 use aya_ebpf::{
     bindings::BPF_F_MMAPABLE,
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
 };
 use tracer_common::{
-    BioState, CgroupSeriesKey, DeviceState, IoRecord, KernelLayout, QosWait, RequestState, SeriesAgg,
-    Settings, Slot, StackLayout, SubmitState, agg, event, limits, lost,
+    BioState, CgroupSeriesKey, Completing, DeviceState, Holder, IoRecord, KernelLayout, QosWait,
+    RequestState, SeriesAgg, Settings, Slot, StackLayout, SubmitState, WaitRecord, agg, event, limits, lost,
+    wait,
 };
 
 /// Struct offsets of the running kernel, written by the loader (read-only data).
@@ -47,6 +48,8 @@ pub(crate) static SETTINGS: Settings = Settings {
     op_write: 0,
     cgroups: 0,
     rq_qos: 0,
+    causes: 0,
+    _pad: 0,
     wbt_inflight_cb: 0,
     iolat_acquire_inflight: 0,
 };
@@ -106,6 +109,37 @@ pub(crate) static QOS_PENDING: Array<u64> = Array::with_max_entries(1, 0);
 #[map]
 pub(crate) static SUBMITTING: HashMap<u32, SubmitState> =
     HashMap::with_max_entries(limits::MAX_SUBMITTERS, 0);
+
+/// Per CPU: the running task that queued a bio and has not left the CPU since (`sched`).
+#[map]
+pub(crate) static HOLDER: PerCpuArray<Holder> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per CPU: how deep in interrupts it runs (0 task, then softirq and hardirq levels).
+#[map]
+pub(crate) static LEVEL: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per CPU and level: the IO whose completion is running there, if any.
+#[map]
+pub(crate) static COMPLETING: PerCpuArray<Completing> = PerCpuArray::with_max_entries(wait::LEVELS, 0);
+
+/// Tasks asleep (or preempted) inside an IO's phase, with their wait so far. Key: thread id.
+#[map]
+pub(crate) static WAITERS: HashMap<u32, WaitRecord> = HashMap::with_max_entries(limits::MAX_WAITERS, 0);
+
+/// Wakeups of a task that came between its dequeue and its sched_switch (the waker does not
+/// wait for the switch to end before its tracepoint), kept for the wait that switch starts.
+/// Key: thread id.
+#[map]
+pub(crate) static EARLY_WAKES: LruHashMap<u32, WaitRecord> =
+    LruHashMap::with_max_entries(limits::EARLY_WAKES, 0);
+
+/// How many entries `WAITERS` holds: wakeups and switches look there only while it is non-zero.
+#[map]
+pub(crate) static WAITING: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Kernel stacks of sleepers and their wakers, by id.
+#[map]
+pub(crate) static STACKS: StackTrace = StackTrace::with_max_entries(limits::STACKS, 0);
 
 /// Records committed on this CPU since it last woke the reader.
 #[map]

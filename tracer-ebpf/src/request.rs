@@ -15,6 +15,7 @@ use crate::{
         BIOS, DEVICES, EVENTS, LINKS, REQUESTS, commit_flags, count_lost, is_traced, layout, settings, slow,
         stacking, streaming,
     },
+    sched::note_completing,
     slots::{copy_comm, copy_words, slot_claim_free, slot_free, slot_get, zero_words},
     stacking::on_path_done,
 };
@@ -208,6 +209,8 @@ pub(crate) fn on_rq_complete<M: Mem>(rq: u64, error: u32, nr_bytes: u32) {
         if nr_bytes == 0 && bio == 0 {
             return;
         }
+        // An untraced request: wakeups inside its completion are still an IO's, not a task's.
+        note_completing(key, 0, 0);
         on_rq_complete_unissued::<M>(l, rq, key, error);
         return;
     };
@@ -224,6 +227,7 @@ pub(crate) fn on_rq_complete<M: Mem>(rq: u64, error: u32, nr_bytes: u32) {
         }
     }
     s.record.ts[event::C] = unsafe { bpf_ktime_get_ns() };
+    note_completing(key, s.record.disk, s.record.ts[event::C]);
     s.record.error = error;
     // A path request's head bios go after it (see on_path_done). A probe read: the verifier
     // refuses a typed pointer as the argument of a function it checks on its own.
@@ -284,6 +288,7 @@ pub(crate) fn on_rq_complete_unissued<M: Mem>(l: &KernelLayout, rq: u64, key: u6
     }
     fill_issue::<M>(l, rq, rec);
     rec.ts[event::C] = unsafe { bpf_ktime_get_ns() };
+    note_completing(key, disk, rec.ts[event::C]);
     rec.error = error;
     kernel_stamps::<M>(l, rq, rec);
     entry.submit(commit_flags());

@@ -338,8 +338,11 @@ pub(crate) fn on_path_done(first: u64) {
 /// The bio completed on the head (`block_bio_complete` on the head's queue, which NVMe
 /// traces just before it ends the path request); `lower` is the bio's path slot if still there.
 /// The head's record waits for the path request's ([`on_path_done`]), but where no request
-/// took the bio on (its slot is still here) there is nothing to wait for.
-pub(crate) fn on_head_complete(bio: u64, lower: Option<*mut BioState>) {
+/// took the bio on (its slot is still here) there is nothing to wait for. `lower` is a pointer,
+/// null for none: an `Option` of one passes an undefined register for `None`, which the
+/// verifier refuses to read.
+pub(crate) fn on_head_complete(bio: u64, lower: *mut BioState) {
+    let lower = (!lower.is_null()).then_some(lower);
     let Some(head) = slot_get(&BIOS, limits::BIO_SLOTS, head_key(bio)) else {
         if let Some(lower) = lower {
             slot_free(lower);

@@ -53,6 +53,10 @@ pub struct TraceArgs {
     /// time, and no links but those the kernel's structs state [default: the config's `kprobes`].
     #[arg(long)]
     pub no_kprobes: bool,
+    /// Record why IOs waited: each sleep inside an IO's phase, its kernel stack and its waker
+    /// (scheduler hooks; see docs/guide/causes.md) [default: the config's `causes`].
+    #[arg(long)]
+    pub causes: bool,
     /// Settings file (TOML; every key in tracerd.example.toml). Flags win over it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<std::path::PathBuf>,

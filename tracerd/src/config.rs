@@ -37,6 +37,8 @@ pub struct Flags {
     pub attach: Option<Attach>,
     /// `--no-kprobes`.
     pub no_kprobes: bool,
+    /// `--causes`.
+    pub causes: bool,
     pub devices: Vec<String>,
     pub exclude: Vec<String>,
     pub socket: Option<std::path::PathBuf>,
@@ -57,6 +59,8 @@ pub struct Config {
     pub kprobes: bool,
     /// Time rq-qos waits (wbt, io.latency, io.cost) inside Q2G, with kprobes.
     pub rq_qos: bool,
+    /// Record the waits inside IO phases and their wakers (the scheduler hooks).
+    pub causes: bool,
     /// Tracepoints left unattached (their stages go unmeasured, and their cost unpaid).
     pub skip_hooks: Vec<String>,
     /// Devices to trace; empty means every block device.
@@ -88,6 +92,7 @@ impl Default for Config {
             attach: Attach::Auto,
             kprobes: true,
             rq_qos: false,
+            causes: false,
             skip_hooks: Vec::new(),
             include: Vec::new(),
             exclude: Vec::new(),

@@ -2,6 +2,7 @@
 //! ring-buffer session and record decoding.
 
 pub mod btf;
+pub mod causes;
 pub mod cgroup_series;
 pub mod cgroupfs;
 pub mod hooks;

@@ -47,6 +47,7 @@ fn settings(trace: TraceArgs, own: Flags) -> Result<(Config, Selection, LoadOpti
         ring_buffer_bytes: trace.ring_buffer_bytes,
         attach: trace.attach,
         no_kprobes: trace.no_kprobes,
+        causes: trace.causes,
         devices: trace.devices,
         exclude: trace.exclude,
         socket: trace.socket,
@@ -63,6 +64,7 @@ fn settings(trace: TraceArgs, own: Flags) -> Result<(Config, Selection, LoadOpti
         attach: config.attach,
         no_kprobes: !config.kprobes,
         rq_qos: config.rq_qos,
+        causes: config.causes,
         skip_hooks: config.skip_hooks.clone(),
         ..Default::default()
     };

@@ -4,6 +4,7 @@
 
 pub mod aggregate;
 pub mod capture;
+pub mod causes;
 pub mod cgroups;
 pub mod layers;
 pub mod op;

@@ -379,6 +379,8 @@ fn integration_tests(tally: &mut Tally) -> Result<()> {
         "cgroups",
         "--test",
         "store",
+        "--test",
+        "causes",
         "--",
         "--test-threads=1",
     ])

@@ -14,6 +14,7 @@ pub struct File {
     pub kprobes: Option<bool>,
     pub skip_hooks: Option<Vec<String>>,
     pub rq_qos: Option<bool>,
+    pub causes: Option<bool>,
     #[serde(default)]
     pub devices: DevicesSection,
     #[serde(default)]

@@ -44,6 +44,7 @@ pub fn resolve(file: File, flags: Flags) -> Result<Config> {
     };
     let kprobes = !flags.no_kprobes && file.kprobes.unwrap_or(d.kprobes);
     let rq_qos = kprobes && file.rq_qos.unwrap_or(d.rq_qos);
+    let causes = flags.causes || file.causes.unwrap_or(d.causes);
     let skip_hooks = file.skip_hooks.unwrap_or_default();
     for name in &skip_hooks {
         let skippable = || {
@@ -205,6 +206,7 @@ pub fn resolve(file: File, flags: Flags) -> Result<Config> {
         attach,
         kprobes,
         rq_qos,
+        causes,
         skip_hooks,
         include,
         exclude,

@@ -2,7 +2,7 @@
 //! the reader counts, never a panic or a silently wrong IO.
 
 use thiserror::Error;
-use tracer_common::{IoRecord, kind};
+use tracer_common::{IoRecord, WaitRecord, kind, wait};
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum RecordError {
@@ -21,6 +21,19 @@ pub fn decode(bytes: &[u8]) -> Result<IoRecord, RecordError> {
     match rec.kind {
         kind::REQUEST | kind::MERGE | kind::BIO | kind::LINK => Ok(rec),
         k => Err(RecordError::Kind(k)),
+    }
+}
+
+/// A wait record (config `causes`): told from an IO record by its length.
+pub fn decode_wait(bytes: &[u8]) -> Result<WaitRecord, RecordError> {
+    if bytes.len() != size_of::<WaitRecord>() {
+        return Err(RecordError::Size(bytes.len()));
+    }
+    // SAFETY: length checked; WaitRecord is plain old data valid for any bit pattern.
+    let rec: WaitRecord = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    match (rec.phase, rec.state) {
+        (wait::Q2G | wait::SUBMIT, wait::BLOCKED | wait::PREEMPTED) => Ok(rec),
+        _ => Err(RecordError::Kind(rec.phase)),
     }
 }
 

@@ -6,13 +6,15 @@ use std::time::Duration;
 use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
 use tokio::io::unix::AsyncFd;
-use tracer_common::{IoRecord, flag, kind, own};
+use tracer_common::{IoRecord, WaitRecord, flag, kind, own};
 
 use crate::{
+    kernel::causes::WaitReader,
     kernel::record,
     kernel::tracer::{LoadOptions, ProgramTotals, Tracer},
     kernel::uevents::{Rescan, Uevents},
     model::aggregate::Lost,
+    model::causes::{PendingWaits, Wait},
     model::layers::{LayerSplit, Layers, MAX_LOWERS},
     model::selection::{Resolved, Selection},
     model::topology::Topology,
@@ -25,6 +27,8 @@ pub struct Io<'a> {
     pub rec: &'a IoRecord,
     /// For an IO of a stacked device: its time split against each device below.
     pub layers: &'a [LayerSplit],
+    /// Its submitter's waits inside its phases (config `causes`), in the order they ended.
+    pub waits: &'a [Wait],
 }
 
 /// How often the ring buffer is drained when the kernel has not woken us, while records come.
@@ -49,6 +53,14 @@ pub struct Session {
     rescan: Rescan,
     /// The wait before the next drain (POLL_INTERVAL to POLL_IDLE).
     poll: Duration,
+    /// With causes on: wait records read, and those whose IO's record has not come yet.
+    waits: Option<Waits>,
+}
+
+/// Waits as the reader joins them to their IOs.
+pub struct Waits {
+    reader: WaitReader,
+    pending: PendingWaits,
 }
 
 impl Session {
@@ -65,7 +77,14 @@ impl Session {
         let resolved = selection.resolve(&topo)?;
         let opts = LoadOptions { targets: resolved.targets().count(), ..opts.clone() };
         let mut tracer = Tracer::load(&opts)?;
-        tracer.set_devices(&resolved.kernel_devs, &resolved.paths)?;
+        tracer.set_devices(&resolved.kernel_devs, &resolved.paths, &bio_based(&topo))?;
+        let waits = match tracer.causes_on() {
+            true => Some(Waits {
+                reader: WaitReader::new(tracer.take_stacks()?),
+                pending: PendingWaits::default(),
+            }),
+            false => None,
+        };
         // SAFETY: the ring buffer owns its fd and lives inside the AsyncFd until both drop.
         let attached = tracer.hooks.iter().filter(|h| h.attached()).count();
         tracing::info!("attached {attached} hooks; tracing {} block devices", resolved.kernel_devs.len());
@@ -83,6 +102,7 @@ impl Session {
             uevents,
             rescan: Rescan::default(),
             poll: POLL_INTERVAL,
+            waits,
         })
     }
 
@@ -106,7 +126,7 @@ impl Session {
         match self.selection.resolve(&topo) {
             Ok(resolved) => {
                 if resolved != self.resolved {
-                    self.tracer.set_devices(&resolved.kernel_devs, &resolved.paths)?;
+                    self.tracer.set_devices(&resolved.kernel_devs, &resolved.paths, &bio_based(&topo))?;
                     self.resolved = resolved;
                     // New devices may come with their modules (md, dm): probe their submit paths
                     // and read their BTF.
@@ -156,6 +176,8 @@ impl Session {
             topo: &self.topo,
             layers: &mut self.layers,
             decode_errors: &mut self.own_lost.decode_error,
+            wakeups_unseen: &mut self.own_lost.wakeup_unseen,
+            waits: self.waits.as_mut(),
         };
         let n = match tokio::time::timeout(self.poll, self.events.readable_mut()).await {
             Ok(guard) => {
@@ -178,26 +200,51 @@ impl Session {
             topo: &self.topo,
             layers: &mut self.layers,
             decode_errors: &mut self.own_lost.decode_error,
+            wakeups_unseen: &mut self.own_lost.wakeup_unseen,
+            waits: self.waits.as_mut(),
         };
         let n = reader.drain(self.events.get_mut(), f);
         self.records += n;
     }
 }
 
-/// Decodes records, joins lower IOs to their upper IO, and hands traced ones on.
+/// Decodes records, joins lower IOs to their upper IO and waits to their IO, and hands traced
+/// ones on.
 struct Reader<'a> {
     resolved: &'a Resolved,
     topo: &'a Topology,
     layers: &'a mut Layers,
     decode_errors: &'a mut u64,
+    wakeups_unseen: &'a mut u64,
+    waits: Option<&'a mut Waits>,
 }
 
 impl Reader<'_> {
     fn drain(&mut self, ring: &mut RingBuf<MapData>, mut f: impl FnMut(&Io, &Topology)) -> u64 {
         let mut n = 0;
         let mut splits = [LayerSplit::default(); MAX_LOWERS];
+        let mut newest_ns = 0;
         while let Some(item) = ring.next() {
             n += 1;
+            if item.len() == size_of::<WaitRecord>() {
+                match (record::decode_wait(&item), self.waits.as_deref_mut()) {
+                    (Ok(rec), Some(w)) => {
+                        newest_ns = newest_ns.max(rec.ran_ns);
+                        if rec.state == tracer_common::wait::BLOCKED && rec.woken_ns == 0 {
+                            *self.wakeups_unseen += 1;
+                        }
+                        if let Some(wait) = w.reader.read(&rec) {
+                            w.pending.add(wait);
+                        }
+                    }
+                    (Ok(_), None) => {}
+                    (Err(e), _) => {
+                        *self.decode_errors += 1;
+                        tracing::debug!("undecodable record: {e}");
+                    }
+                }
+                continue;
+            }
             let mut rec = match record::decode(&item) {
                 Ok(rec) => rec,
                 Err(e) => {
@@ -227,11 +274,27 @@ impl Reader<'_> {
             }
             let n_splits = self.layers.upper_done(&rec, &mut splits);
             if let Some(target) = target {
-                f(&Io { target, rec: &rec, layers: &splits[..n_splits] }, self.topo);
+                let waits = match self.waits.as_deref_mut() {
+                    Some(w) if !w.pending.is_empty() => {
+                        w.pending.take(rec.dev, rec.ts[tracer_common::event::Q])
+                    }
+                    _ => Vec::new(),
+                };
+                f(&Io { target, rec: &rec, layers: &splits[..n_splits], waits: &waits }, self.topo);
             }
+        }
+        if let Some(w) = self.waits.as_deref_mut()
+            && newest_ns != 0
+        {
+            w.pending.expire(newest_ns);
         }
         n
     }
+}
+
+/// Bio-based devices (no `mq/`): their bios get no G (`DeviceState::bio_based`).
+fn bio_based(topo: &Topology) -> std::collections::HashSet<u32> {
+    topo.devices().filter(|d| !d.request_based).map(|d| d.dev).collect()
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -10,7 +10,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use aya::{
     Btf as AyaBtf, Ebpf, EbpfLoader,
-    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
 };
 use tracer_common::{
     BioState, CgroupSeriesKey, DeviceState, RequestState, Settings, Slot, StackLayout, agg, limits, lost,
@@ -19,6 +19,7 @@ use tracer_common::{
 
 use crate::{
     kernel::btf::{Btf, VMLINUX},
+    kernel::causes::{self, CAUSE_HOOKS},
     kernel::cgroup_series::{self, CgroupOf, CgroupSeriesTable},
     kernel::hooks::{
         HOOKS, HookStatus, KPROBES, RQ_QOS, RQ_QOS_CALLBACKS, THROTTLE, kallsyms_addresses,
@@ -48,6 +49,8 @@ pub struct LoadOptions {
     pub no_kprobes: bool,
     /// Time rq-qos waits inside Q2G (config `rq_qos`; kprobes on every tracked bio).
     pub rq_qos: bool,
+    /// Record waits inside IO phases (config `causes`; the scheduler and interrupt hooks).
+    pub causes: bool,
     /// Tracepoints not to attach (config `skip_hooks`; never a required one).
     pub skip_hooks: Vec<String>,
     /// Devices traced at start, which the in-kernel series are sized for ([`series::capacity`]).
@@ -199,10 +202,18 @@ impl Tracer {
         preflight()?;
         let btf = Btf::from_sys_fs().with_context(|| format!("cannot read kernel BTF from {VMLINUX}"))?;
         let release = kernel_release();
-        let layout = layout::resolve(&btf, &release)?;
+        let mut layout = layout::resolve(&btf, &release)?;
         tracing::debug!("kernel {release}: {}", layout::describe(&layout));
         let ops = crate::kernel::ops::op_decoder(&btf)?;
         let aya_btf = AyaBtf::from_sys_fs().ok();
+        // Causes where asked for and this kernel can give them; else said why, once, below.
+        let causes = match opts.causes {
+            true => causes::detect(&btf, aya_btf.is_some()),
+            false => Err(String::new()),
+        };
+        if let Ok(task) = causes {
+            (layout.task_pid, layout.task_on_rq, layout.task_cpu) = (task.pid, task.on_rq, task.cpu);
+        }
         let ring_bytes = opts.ring_buffer_bytes.unwrap_or(limits::RINGBUF_BYTES);
         let (op_mask, op_read, op_write) = ops.kernel_numbers();
         // Hidden (0) without root or under kptr_restrict: the waits are then named rq_qos.
@@ -221,6 +232,8 @@ impl Tracer {
             op_write,
             cgroups: opts.cgroups as u32,
             rq_qos: opts.rq_qos as u32,
+            causes: causes.is_ok() as u32,
+            _pad: 0,
             wbt_inflight_cb: qos_callbacks[0],
             iolat_acquire_inflight: qos_callbacks[1],
         };
@@ -290,6 +303,7 @@ impl Tracer {
             chains: Vec::new(),
             stack: StackLayout::default(),
         };
+        tracer.load_causes(opts.causes, causes.err(), aya_btf.as_ref());
         tracer.load_kprobes(opts.no_kprobes, &btf);
         tracer.load_rq_qos(opts.rq_qos, &btf);
         tracer.resolve_chains(&btf)?;
@@ -366,6 +380,34 @@ impl Tracer {
         self.hooks.push(status);
     }
 
+    /// The wait hooks, where asked for (config `causes`); `unavailable` says why this kernel
+    /// cannot have them. Off, they are not listed among the hooks at all.
+    fn load_causes(&mut self, on: bool, unavailable: Option<String>, aya_btf: Option<&AyaBtf>) {
+        if !on {
+            return;
+        }
+        for hook in CAUSE_HOOKS {
+            let status = match (&unavailable, aya_btf) {
+                (None, Some(btf)) => hook.attach(&mut self.ebpf, btf),
+                (Some(why), _) => hook.skipped(why.clone()),
+                (None, None) => hook.skipped("no BTF for tp_btf".into()),
+            };
+            log_status(&status);
+            self.hooks.push(status);
+        }
+    }
+
+    /// Whether the wait hooks run (config `causes`, and the scheduler's hooks attached).
+    pub fn causes_on(&self) -> bool {
+        self.hooks.iter().any(|h| h.hook == "sched_switch" && h.attached())
+    }
+
+    /// The sleepers' and wakers' stacks (can be taken once).
+    pub fn take_stacks(&mut self) -> Result<StackTraceMap<MapData>> {
+        let map = self.ebpf.take_map(names::STACKS).context("stack map already taken")?;
+        Ok(StackTraceMap::try_from(map)?)
+    }
+
     /// The rq-qos wait probes, where asked for (config `rq_qos`) and the kernel has them. Off,
     /// they are not listed among the hooks at all.
     fn load_rq_qos(&mut self, on: bool, btf: &Btf) {
@@ -436,7 +478,12 @@ impl Tracer {
 
     /// Makes the kernel trace exactly `devs` (kernel `dev_t`s), of which `paths` are NVMe
     /// multipath path disks; keeps counters of kept devices.
-    pub fn set_devices(&mut self, devs: &HashSet<u32>, paths: &HashSet<u32>) -> Result<()> {
+    pub fn set_devices(
+        &mut self,
+        devs: &HashSet<u32>,
+        paths: &HashSet<u32>,
+        bio_based: &HashSet<u32>,
+    ) -> Result<()> {
         let mut map: BpfHashMap<_, u32, DeviceState> =
             BpfHashMap::try_from(self.ebpf.map_mut(names::DEVICES).context("DEVICES map")?)?;
         let present: HashSet<u32> = map.keys().filter_map(Result::ok).collect();
@@ -455,7 +502,8 @@ impl Tracer {
         for dev in devs.difference(&present) {
             let index = self.indices.take(*dev).with_context(full)?;
             let path = paths.contains(dev) as u32;
-            map.insert(dev, DeviceState { in_flight: 0, index, path }, 0).with_context(full)?;
+            let bio_based = bio_based.contains(dev) as u32;
+            map.insert(dev, DeviceState { in_flight: 0, index, path, bio_based }, 0).with_context(full)?;
         }
         for dev in gone {
             self.release_series(dev)?;

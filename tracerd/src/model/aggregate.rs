@@ -301,10 +301,14 @@ pub struct Lost {
     pub device_gone: u64,
     /// Program runs the kernel skipped (nested on one CPU); each may have lost an event.
     pub recursion: u64,
+    /// Waits (config `causes`) that ended with no wakeup seen though the task slept: a wakeup
+    /// that came in the window before its sleeper's sched_switch that the hooks cannot see.
+    pub wakeup_unseen: u64,
 }
 
 impl Lost {
-    pub fn reasons(&self) -> [(&'static str, u64); 13] {
+    /// New reasons go last: the recorder stores counters by their place here.
+    pub fn reasons(&self) -> [(&'static str, u64); 16] {
         [
             ("ringbuf_full", self.kernel[lost::RINGBUF_FULL as usize]),
             ("bio_map_full", self.kernel[lost::BIO_MAP_FULL as usize]),
@@ -319,12 +323,15 @@ impl Lost {
             ("recursion", self.recursion),
             ("series_limit", self.series_limit),
             ("device_gone", self.device_gone),
+            ("wait_map_full", self.kernel[lost::WAIT_MAP_FULL as usize]),
+            ("stack", self.kernel[lost::STACK as usize]),
+            ("wakeup_unseen", self.wakeup_unseen),
         ]
     }
 
     /// Every counter, in the order of `reasons`.
-    pub fn counters_mut(&mut self) -> [&mut u64; 13] {
-        let [a, b, c, d, e, f] = &mut self.kernel;
+    pub fn counters_mut(&mut self) -> [&mut u64; 16] {
+        let [a, b, c, d, e, f, wait_map_full, stack] = &mut self.kernel;
         [
             a,
             b,
@@ -339,6 +346,9 @@ impl Lost {
             &mut self.recursion,
             &mut self.series_limit,
             &mut self.device_gone,
+            wait_map_full,
+            stack,
+            &mut self.wakeup_unseen,
         ]
     }
 
@@ -599,8 +609,8 @@ mod tests {
 
     #[test]
     fn lost_since_a_baseline() {
-        let base = Lost { kernel: [1, 0, 0, 2, 0, 0], stale_bio: 1, ..Default::default() };
-        let now = Lost { kernel: [5, 0, 1, 2, 0, 0], stale_bio: 3, ..Default::default() };
+        let base = Lost { kernel: [1, 0, 0, 2, 0, 0, 0, 0], stale_bio: 1, ..Default::default() };
+        let now = Lost { kernel: [5, 0, 1, 2, 0, 0, 0, 0], stale_bio: 3, ..Default::default() };
         let d = now.since(&base);
         assert_eq!(d.reasons()[0], ("ringbuf_full", 4));
         assert_eq!(d.reasons()[2], ("request_map_full", 1));

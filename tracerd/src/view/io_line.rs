@@ -10,6 +10,7 @@ use tracer_common::{event, flag, kernel_ts, kind, own};
 use crate::{
     kernel::record::comm,
     kernel::session::Io,
+    model::causes::{Wait, Waker, time_by_cause},
     model::cgroups::Named,
     model::layers::Phase,
     model::op::{Op, OpDecoder},
@@ -52,7 +53,8 @@ pub struct SnoopLine<'a> {
     /// `rq->io_start_time_ns`), where the kernel set them; same clock as `events_ns`.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub kernel_ns: BTreeMap<&'static str, u64>,
-    /// This bio's address (bio records), which lower IOs name as `parent`.
+    /// The IO's key: a bio's address (lower IOs name it as `parent`) or a request's (a wait
+    /// names it as the IO whose completion woke it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     /// The upper bio this IO was remapped from.
@@ -76,6 +78,80 @@ pub struct SnoopLine<'a> {
     /// A stacked device's IO: its Q2C split against each device below.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub layers: Vec<LayerLine>,
+    /// Its submitter's waits inside its phases (config `causes`), in the order they ended.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub waits: Vec<WaitLine<'a>>,
+    /// Its time by cause (`model::causes::time_by_cause`); the rest of Q2C is unexplained.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub causes_ns: BTreeMap<&'static str, u64>,
+}
+
+/// One wait of an IO's submitter (`model::causes::Wait`), as JSON.
+#[derive(Debug, Serialize)]
+pub struct WaitLine<'a> {
+    pub phase: &'static str,
+    pub cause: &'static str,
+    /// The function that waited (`blk_mq_get_tag`).
+    pub function: Option<&'a str>,
+    /// Off the CPU: from leaving it to running again.
+    pub waited_ns: u64,
+    pub slept_ns: u64,
+    pub woken_ns: Option<u64>,
+    pub ran_ns: u64,
+    pub tid: u32,
+    pub waker: WakerLine<'a>,
+    /// The sleeper's whole stack, innermost first, where its function names no known cause.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub stack: &'a [String],
+}
+
+/// What ended a wait.
+#[derive(Debug, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum WakerLine<'a> {
+    /// The completion of this IO (its line's `device` and `id`; its C stamp).
+    Io {
+        device: Option<String>,
+        id: String,
+        completed_ns: u64,
+    },
+    Task {
+        tid: u32,
+        comm: &'a str,
+        function: Option<&'a str>,
+    },
+    Interrupt {
+        function: Option<&'a str>,
+    },
+    None,
+}
+
+impl<'a> WaitLine<'a> {
+    pub fn of(w: &'a Wait, topo: &Topology) -> WaitLine<'a> {
+        WaitLine {
+            phase: w.phase.name(),
+            cause: w.cause.name(),
+            function: w.function.as_deref(),
+            waited_ns: w.waited_ns(),
+            slept_ns: w.slept_ns,
+            woken_ns: w.woken_ns,
+            ran_ns: w.ran_ns,
+            tid: w.tid,
+            waker: match &w.waker {
+                Waker::Io { disk, id, completed_ns } => WakerLine::Io {
+                    device: (*disk != 0).then(|| topo.name_of(*disk)),
+                    id: format!("{id:#x}"),
+                    completed_ns: *completed_ns,
+                },
+                Waker::Task { tid, comm, function } => {
+                    WakerLine::Task { tid: *tid, comm, function: function.as_deref() }
+                }
+                Waker::Interrupt { function } => WakerLine::Interrupt { function: function.as_deref() },
+                Waker::None => WakerLine::None,
+            },
+            stack: &w.stack,
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -153,7 +229,7 @@ pub fn line<'a>(
         events_ns,
         stages_ns,
         kernel_ns,
-        id: (rec.kind == kind::BIO).then(|| format!("{:#x}", rec.id)),
+        id: (rec.id != 0).then(|| format!("{:#x}", rec.id)),
         parent: (rec.parent != 0).then(|| format!("{:#x}", rec.parent)),
         unlinked: (rec.flags & flag::UNLINKED != 0).then(|| own::name(rec.own)),
         submit_ns: (rec.submit_ns != 0).then_some(rec.submit_ns),
@@ -171,6 +247,8 @@ pub fn line<'a>(
                 completion_ns: s.phase_ns(Phase::Completion),
             })
             .collect(),
+        waits: io.waits.iter().map(|w| WaitLine::of(w, topo)).collect(),
+        causes_ns: time_by_cause(io.waits).into_iter().map(|(c, ns)| (c.name(), ns)).collect(),
     }
 }
 

@@ -357,7 +357,7 @@ mod tests {
         counted.add_record(&request(0, 1_000_000, 3_000_000_000, 65536, 7), &[]);
         b.add_kernel(2, Op::Write, &counted);
         let expected: BTreeMap<(u32, Op), SeriesFrame> = b.series.clone().into_iter().collect();
-        let lost = Lost { stale_bio: 3, kernel: [0, 0, 0, 0, 0, 2], ..Default::default() };
+        let lost = Lost { stale_bio: 3, kernel: [0, 0, 0, 0, 0, 2, 0, 0], ..Default::default() };
         let frame = b.seal(1_000, 2_000, &lost);
         assert!(b.series.is_empty(), "sealing starts a new frame");
         let d = frame.decode().unwrap();

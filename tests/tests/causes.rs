@@ -1,0 +1,156 @@
+//! Causes on the host kernel: real scheduler hooks, loop devices whose tag count is lowered by
+//! construction, real IO from more submitters than tags. The waits traced must name the cause,
+//! and each wakeup must name the request whose completion ended it, exactly.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+use tracerd_tests::{LoopDevice, Tracerd, Workload, require_root, strip_escapes};
+
+/// Lets `dev` give out only `n` requests at once (its tags; 4 is the block layer's least).
+fn set_nr_requests(dev: &LoopDevice, n: u32) {
+    let path = format!("/sys/block/{}/queue/nr_requests", dev.name);
+    std::fs::write(&path, n.to_string()).unwrap_or_else(|e| panic!("{path}: {e}"));
+    assert_eq!(std::fs::read_to_string(&path).unwrap().trim(), n.to_string());
+}
+
+/// Runs `submitters` workloads at once on each device.
+fn run_concurrently(devs: &[&LoopDevice], submitters: usize, w: Workload) {
+    std::thread::scope(|s| {
+        for dev in devs {
+            for _ in 0..submitters {
+                s.spawn(move || w.run(dev));
+            }
+        }
+    });
+}
+
+/// `snoop --json --causes` over `devs` while `drive` runs; its lines and stderr.
+fn snoop_causes(devs: &[&LoopDevice], drive: impl FnOnce()) -> (Vec<Value>, String) {
+    let mut args = vec!["snoop", "--json", "--causes"];
+    for d in devs {
+        args.extend(["--device", d.name.as_str()]);
+    }
+    let mut snoop = Tracerd::spawn(&args);
+    drive();
+    assert!(snoop.stop(libc::SIGINT).success(), "snoop failed:\n{}", snoop.stderr_text());
+    let lines = snoop
+        .stdout_text()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    (lines, snoop.stderr_text())
+}
+
+/// A lost-event count from the `lost events:` line snoop prints at exit (0 if none).
+fn lost_in_text(text: &str, reason: &str) -> u64 {
+    let Some(line) = text.lines().rev().find(|l| l.contains("lost events:")) else { return 0 };
+    let line = strip_escapes(line);
+    let Some(at) = line.find(&format!("\"{reason}\"")) else { return 0 };
+    let rest = &line[at + reason.len() + 2..];
+    rest.trim_start_matches([',', ' ']).split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+}
+
+fn ns(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+/// The share of the slowest tenth of `lines`' Q2C (above their p90) that `cause` explains.
+fn slow_share(lines: &[&Value], cause: &str) -> f64 {
+    let mut q2c: Vec<u64> = lines.iter().map(|l| ns(&l["stages_ns"]["q2c"])).collect();
+    q2c.sort_unstable();
+    let p90 = q2c[q2c.len() * 9 / 10];
+    let slow: Vec<&&Value> = lines.iter().filter(|l| ns(&l["stages_ns"]["q2c"]) > p90).collect();
+    let total: u64 = slow.iter().map(|l| ns(&l["stages_ns"]["q2c"])).sum();
+    let explained: u64 = slow.iter().filter_map(|l| l["causes_ns"][cause].as_u64()).sum();
+    explained as f64 / total.max(1) as f64
+}
+
+#[test]
+fn tag_waits_name_blk_mq_get_tag_and_the_request_whose_completion_ended_them() {
+    require_root();
+    // Four tags against 32 IOs in flight, and beside it a device with its default tags doing
+    // the same: both complete on the same CPUs, so a waker taken from the wrong completion
+    // would name the other device's IO.
+    let (few, many) = (LoopDevice::new(64), LoopDevice::new(64));
+    set_nr_requests(&few, 4);
+    let w = Workload { write: true, count: 1500, size: 4096, qd: 32 };
+    let (lines, stderr) = snoop_causes(&[&few, &many], || run_concurrently(&[&few, &many], 1, w));
+    let on = |dev: &LoopDevice| -> Vec<&Value> {
+        lines.iter().filter(|l| l["device"] == dev.name.as_str()).collect()
+    };
+    let (few_lines, many_lines) = (on(&few), on(&many));
+    assert_eq!((few_lines.len(), many_lines.len()), (1500, 1500), "every IO is a line, causes or not");
+    // Each IO completion as its line states it: (device, id, C).
+    let completions: BTreeSet<(&str, &str, u64)> = lines
+        .iter()
+        .map(|l| (l["device"].as_str().unwrap(), l["id"].as_str().unwrap(), ns(&l["events_ns"]["c"])))
+        .collect();
+    let (mut waits, mut by_io, mut unseen) = (0, 0, 0);
+    for l in &few_lines {
+        let e = &l["events_ns"];
+        for w in l["waits"].as_array().into_iter().flatten() {
+            waits += 1;
+            assert_eq!(
+                (&w["phase"], &w["function"]),
+                (&Value::from("q2g"), &Value::from("blk_mq_get_tag")),
+                "a submitter waits for a tag, before its request: {w}"
+            );
+            assert!(w["cause"] == "tag" || w["cause"] == "cpu", "{w}");
+            // Inside its IO's Q2G.
+            assert!(ns(&e["q"]) <= ns(&w["slept_ns"]) && ns(&w["ran_ns"]) <= ns(&e["g"]), "{w} in {l}");
+            let waker = &w["waker"];
+            match waker["kind"].as_str().unwrap() {
+                "io" => {
+                    by_io += 1;
+                    let key = (
+                        waker["device"].as_str().unwrap_or_default(),
+                        waker["id"].as_str().unwrap(),
+                        ns(&waker["completed_ns"]),
+                    );
+                    assert_eq!(key.0, few.name, "only a request of its own device frees its tag: {w}");
+                    assert!(completions.contains(&key), "the waker is a traced request, C for C: {w}");
+                    assert!(key.2 <= ns(&w["woken_ns"]) && ns(&w["woken_ns"]) <= ns(&w["ran_ns"]), "{w}");
+                }
+                "none" if w["cause"] == "tag" => unseen += 1,
+                "none" => {}
+                other => panic!("a tag is freed by a completion, not a {other}: {w}"),
+            }
+        }
+        // Causes never exceed the time they are part of.
+        let explained: u64 = l["causes_ns"].as_object().into_iter().flatten().map(|(_, v)| ns(v)).sum();
+        assert!(explained <= ns(&l["stages_ns"]["q2g"]), "{l}");
+    }
+    assert!(waits >= 100, "32 IOs in flight for 4 tags: the submitter waited only {waits} times");
+    assert_eq!(unseen, lost_in_text(&stderr, "wakeup_unseen"), "a sleep with no wakeup seen is counted lost");
+    assert!(by_io * 10 >= waits * 9, "{by_io} of {waits} waits name the completion that ended them");
+    let many_waits: usize = many_lines.iter().filter_map(|l| l["waits"].as_array()).map(Vec::len).sum();
+    assert_eq!(many_waits, 0, "128 tags for 32 IOs: no submitter waits");
+}
+
+#[test]
+fn the_slowest_ios_of_a_disk_short_of_tags_are_explained_by_tag_waits() {
+    require_root();
+    // 16 submitters of 4 IOs each on 4 tags, long enough that they overlap throughout: a slow IO
+    // waited its turn for a tag. The control is the same load on a disk with its default tags.
+    let w = Workload { write: true, count: 300, size: 4096, qd: 4 };
+    let few = LoopDevice::new(64);
+    set_nr_requests(&few, 4);
+    let (lines, _) = snoop_causes(&[&few], || run_concurrently(&[&few], 16, w));
+    let lines: Vec<&Value> = lines.iter().collect();
+    assert_eq!(lines.len(), 16 * 300);
+    let share = slow_share(&lines, "tag");
+    assert!(share >= 0.8, "tag waits explain {:.0} % of the slowest IOs' Q2C", share * 100.0);
+    let many = LoopDevice::new(64);
+    let (control, _) = snoop_causes(&[&many], || run_concurrently(&[&many], 16, w));
+    let control: Vec<&Value> = control.iter().collect();
+    assert_eq!(control.len(), 16 * 300);
+    assert_eq!(slow_share(&control, "tag"), 0.0, "with 128 tags no IO waits for one");
+    let mut causes: BTreeMap<String, usize> = BTreeMap::new();
+    for l in &lines {
+        for (c, _) in l["causes_ns"].as_object().into_iter().flatten() {
+            *causes.entry(c.clone()).or_default() += 1;
+        }
+    }
+    assert!(causes.keys().all(|c| c == "tag" || c == "cpu"), "{causes:?}");
+}

@@ -1,0 +1,332 @@
+//! Waits inside an IO's phase (config `causes`), from the scheduler's own tracepoints.
+//!
+//! Q notes its submitter per CPU (`HOLDER`). When that task leaves the CPU while its bio is
+//! still before G (or, on a bio-based device, while it is inside the device's submit function),
+//! the wait starts in `WAITERS` with the task's kernel stack. The wakeup names its waker: the
+//! IO whose completion is running on the waking CPU at that nesting level (`COMPLETING`, set by
+//! the completion hooks, cleared when the level is left), else the current task (an interrupt
+//! at a level above the task's). When the task runs again the wait goes to the ring buffer as a
+//! `WaitRecord`. No edge comes from timing.
+
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
+
+use aya_ebpf::{
+    helpers::{bpf_ktime_get_ns, generated::bpf_map_lookup_percpu_elem},
+    maps::PerCpuArray,
+    programs::BtfTracePointContext,
+    programs::tracing::StackIdContext,
+};
+use tracer_common::{Completing, Holder, WaitRecord, limits, lost, wait};
+
+use crate::{
+    kernel::{Direct, Mem, read_current_comm, thread_id},
+    maps::{
+        BIOS, COMPLETING, DEVICES, EARLY_WAKES, EVENTS, HOLDER, LEVEL, STACKS, SUBMITTING, WAITERS, WAITING,
+        commit_flags, count_lost, layout, settings,
+    },
+    slots::{copy_comm, copy_words, slot_get, zero_words},
+};
+
+/// The nesting level this CPU runs at (0: task context).
+#[inline(always)]
+fn level() -> u32 {
+    LEVEL.get(0).copied().unwrap_or(0)
+}
+
+#[inline(always)]
+fn completing_at(level: u32) -> Option<*mut Completing> {
+    COMPLETING.get_ptr_mut(level)
+}
+
+/// Q: the current task holds `bio` until it leaves the CPU. Only in task context: a bio queued
+/// from an interrupt is not the interrupted task's.
+#[inline(always)]
+pub(crate) fn note_holder(bio: u64, queued_ns: u64, dev: u32, opf: u32) {
+    if settings().causes == 0 || level() != 0 {
+        return;
+    }
+    if let Some(h) = HOLDER.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot, no concurrent writer.
+        unsafe {
+            (*h).bio = bio;
+            (*h).queued_ns = queued_ns;
+            (*h).dev = dev;
+            (*h).opf = opf;
+            (*h).tid = thread_id();
+        }
+    }
+}
+
+/// A completion hook: `io` (a request's or bio's key, as its record's `id`) is completing on
+/// this CPU, with `done_ns` as its C stamp. Wakeups at this level until it is left are its.
+#[inline(always)]
+pub(crate) fn note_completing(io: u64, disk: u32, done_ns: u64) {
+    if settings().causes == 0 {
+        return;
+    }
+    if let Some(c) = completing_at(level()) {
+        // SAFETY: per-CPU slot, no concurrent writer.
+        unsafe {
+            (*c).io = io;
+            (*c).done_ns = done_ns;
+            (*c).disk = disk;
+        }
+    }
+}
+
+/// An interrupt level is entered (irq_handler_entry, softirq_entry): nothing completes there yet.
+pub(crate) fn on_level_enter() {
+    let Some(l) = LEVEL.get_ptr_mut(0) else { return };
+    // SAFETY: per-CPU slot, no concurrent writer (the level is only changed by its own CPU).
+    let next = unsafe { (*l + 1).min(wait::LEVELS - 1) };
+    unsafe { *l = next };
+    clear_completing(next);
+}
+
+/// An interrupt level is left: its completion marks go with it.
+pub(crate) fn on_level_exit() {
+    let Some(l) = LEVEL.get_ptr_mut(0) else { return };
+    // SAFETY: per-CPU slot, no concurrent writer.
+    let cur = unsafe { *l };
+    clear_completing(cur);
+    unsafe { *l = cur.saturating_sub(1) };
+}
+
+#[inline(always)]
+fn clear_completing(level: u32) {
+    if let Some(c) = completing_at(level) {
+        // SAFETY: per-CPU slot, no concurrent writer.
+        unsafe { (*c).io = 0 };
+    }
+}
+
+#[inline(always)]
+fn waiting() -> bool {
+    WAITING.get(0).is_some_and(|n| *n != 0)
+}
+
+#[inline(always)]
+fn add_waiting(delta: i64) {
+    if let Some(n) = WAITING.get_ptr_mut(0) {
+        // SAFETY: map value; CPUs update it concurrently.
+        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(n, delta as u64) };
+    }
+}
+
+/// sched_switch(preempt, prev, next, prev_state): the current task (`prev`) leaves the CPU.
+pub(crate) fn on_sched_switch(ctx: &BtfTracePointContext, preempt: u64, next: u64, prev_state: u64) {
+    // A new task: whatever the old one was completing at task level is not its.
+    clear_completing(0);
+    if let Some(h) = HOLDER.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot, no concurrent writer.
+        let tid = unsafe { (*h).tid };
+        if tid != 0 {
+            // TASK_INTERRUPTIBLE | TASK_UNINTERRUPTIBLE, not preempted: asleep until woken.
+            let state = if preempt == 0 && prev_state & 3 != 0 { wait::BLOCKED } else { wait::PREEMPTED };
+            if tid == thread_id() {
+                start_wait(ctx, h, tid, state);
+            }
+            // SAFETY: as above. The holder leaves with the task (or became its wait), only now:
+            // a waker that finds it no longer here finds the wait in `WAITERS`.
+            unsafe { (*h).tid = 0 };
+        }
+    }
+    if waiting() {
+        let tid: u32 = Direct::read(next, layout().task_pid);
+        if tid != 0 {
+            end_wait(tid);
+        }
+    }
+}
+
+/// The phase the held bio is in, if a sleep now is part of it: before G, and on a bio-based
+/// device only inside its submit function (after it, the task waits for its own IO).
+#[inline(always)]
+fn held_phase(tid: u32, bio: u64, queued_ns: u64, dev: u32) -> Option<u8> {
+    let state = slot_get(&BIOS, limits::BIO_SLOTS, bio)?;
+    // SAFETY: a slot value; a stale read only drops or keeps one wait.
+    let (q, g) = unsafe { ((*state).queued_ns, (*state).getrq_ns) };
+    if q != queued_ns || g != 0 {
+        return None;
+    }
+    // SAFETY: copy out of a map value.
+    if unsafe { SUBMITTING.get(&tid) }.is_some_and(|s| s.bio == bio) {
+        return Some(wait::SUBMIT);
+    }
+    // SAFETY: copy out of a map value.
+    let device = unsafe { DEVICES.get(&dev) }?;
+    (device.bio_based == 0).then_some(wait::Q2G)
+}
+
+#[inline(always)]
+fn start_wait(ctx: &BtfTracePointContext, h: *mut Holder, tid: u32, state: u8) {
+    // SAFETY: per-CPU slot, no concurrent writer.
+    let h = unsafe { &*h };
+    let Some(phase) = held_phase(tid, h.bio, h.queued_ns, h.dev) else { return };
+    let Some(rec) = SCRATCH.get_ptr_mut(0) else { return };
+    // SAFETY: per-CPU scratch, ours for this program run.
+    unsafe {
+        zero_words(rec);
+        (*rec).slept_ns = bpf_ktime_get_ns();
+        (*rec).bio = h.bio;
+        (*rec).queued_ns = h.queued_ns;
+        (*rec).dev = h.dev;
+        (*rec).opf = h.opf;
+        (*rec).tid = tid;
+        (*rec).phase = phase;
+        (*rec).state = state;
+        (*rec).stack = stack_id(ctx);
+        (*rec).waker_stack = -1;
+    }
+    // SAFETY: the scratch value, read by the map update.
+    if WAITERS.insert(&tid, unsafe { &*rec }, 0).is_err() {
+        count_lost(lost::WAIT_MAP_FULL);
+        return;
+    }
+    add_waiting(1);
+    if let Some(w) = WAITERS.get_ptr_mut(&tid) {
+        take_early_wake(tid, w);
+    }
+}
+
+/// Per CPU: a wait being built before it goes into `WAITERS` (0, by sched_switch) or an early
+/// wakeup before it goes into `EARLY_WAKES` (1, by sched_waking): too large for the BPF stack.
+#[aya_ebpf::macros::map]
+static SCRATCH: PerCpuArray<WaitRecord> = PerCpuArray::with_max_entries(2, 0);
+
+/// The current task's kernel stack id, or the error (counted) as a negative id.
+#[inline(always)]
+fn stack_id(ctx: &BtfTracePointContext) -> i32 {
+    match ctx.get_stackid(&STACKS, 0) {
+        Ok(id) => id as i32,
+        Err(e) => {
+            count_lost(lost::STACK);
+            if e < 0 { e } else { -1 }
+        }
+    }
+}
+
+/// `tid` runs again: a wait of its ends and goes to the ring buffer; it holds its bio again on
+/// this CPU (it may sleep again before G).
+#[inline(always)]
+fn end_wait(tid: u32) {
+    let Some(w) = WAITERS.get_ptr_mut(&tid) else { return };
+    let now = unsafe { bpf_ktime_get_ns() };
+    match EVENTS.reserve::<WaitRecord>(0) {
+        Some(mut entry) => {
+            // SAFETY: the reserved entry is ours until submit; `w` is a live map value.
+            unsafe {
+                let rec = entry.as_mut_ptr();
+                copy_words(rec, w);
+                (*rec).ran_ns = now;
+            }
+            entry.submit(commit_flags());
+        }
+        None => count_lost(lost::RINGBUF_FULL),
+    }
+    if let Some(h) = HOLDER.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot; `w` is live until removed below.
+        unsafe {
+            (*h).bio = (*w).bio;
+            (*h).queued_ns = (*w).queued_ns;
+            (*h).dev = (*w).dev;
+            (*h).opf = (*w).opf;
+            (*h).tid = tid;
+        }
+    }
+    if WAITERS.remove(&tid).is_ok() {
+        add_waiting(-1);
+    }
+}
+
+/// sched_waking(p): the first wakeup of a waiting task names its waker. A task can be woken
+/// after its dequeue and before its sched_switch (the waker then waits for the switch to end,
+/// after this tracepoint): while it still holds its bio on its CPU, the wakeup is kept for the
+/// wait that switch starts (`EARLY_WAKES`).
+pub(crate) fn on_sched_waking(ctx: &BtfTracePointContext, task: u64) {
+    let l = layout();
+    let tid: u32 = Direct::read(task, l.task_pid);
+    // The holder first, `WAITERS` after: the switch fills them the other way round, so a
+    // wakeup that no longer finds the holder finds the wait.
+    let on_rq: u32 = Direct::read(task, l.task_on_rq);
+    if on_rq == 0 {
+        keep_early_wake(ctx, task, tid);
+    }
+    if waiting() {
+        if let Some(w) = WAITERS.get_ptr_mut(&tid) {
+            name_waker(ctx, w);
+        }
+    }
+}
+
+/// Keeps the wakeup of `task` for its wait if it still holds its bio on its CPU: dequeued, not
+/// yet through its sched_switch.
+#[inline(always)]
+fn keep_early_wake(ctx: &BtfTracePointContext, task: u64, tid: u32) {
+    let cpu: u32 = Direct::read(task, layout().task_cpu);
+    let index = 0u32;
+    // SAFETY: the helper checks the map, key and CPU; a null result is handled.
+    let h = unsafe {
+        bpf_map_lookup_percpu_elem((&raw const HOLDER).cast_mut().cast(), (&raw const index).cast(), cpu)
+    }
+    .cast::<Holder>();
+    // SAFETY: null-checked map value; another CPU's, so fields may be torn: the tid decides.
+    if h.is_null() || unsafe { (*h).tid } != tid {
+        return;
+    }
+    let Some(early) = SCRATCH.get_ptr_mut(1) else { return };
+    // SAFETY: per-CPU scratch, ours for this program run; `h` as above.
+    unsafe {
+        zero_words(early);
+        (*early).bio = (*h).bio;
+        (*early).queued_ns = (*h).queued_ns;
+        name_waker(ctx, early);
+        let _ = EARLY_WAKES.insert(&tid, &*early, 0);
+    }
+}
+
+/// Fills the waker of wait `w` from the current context, unless a wakeup did already.
+#[inline(always)]
+fn name_waker(ctx: &BtfTracePointContext, w: *mut WaitRecord) {
+    // SAFETY: a live map value (or our scratch); only the first wakeup of a wait writes it.
+    let w = unsafe { &mut *w };
+    if w.woken_ns != 0 {
+        return;
+    }
+    w.woken_ns = unsafe { bpf_ktime_get_ns() };
+    let at = level();
+    w.waker = if at == 0 { wait::WAKER_TASK } else { wait::WAKER_INTERRUPT };
+    if let Some(c) = completing_at(at) {
+        // SAFETY: per-CPU slot, no concurrent writer.
+        let c = unsafe { &*c };
+        if c.io != 0 {
+            w.waker = wait::WAKER_IO;
+            w.waker_io = c.io;
+            w.waker_io_done_ns = c.done_ns;
+            w.waker_disk = c.disk;
+        }
+    }
+    w.waker_tid = thread_id();
+    read_current_comm(layout(), &mut w.waker_comm);
+    w.waker_stack = stack_id(ctx);
+}
+
+/// A wakeup kept in `EARLY_WAKES` for the wait just started as `w`, if it is for the same IO.
+#[inline(always)]
+fn take_early_wake(tid: u32, w: *mut WaitRecord) {
+    // SAFETY: copy out of a map value.
+    let Some(early) = (unsafe { EARLY_WAKES.get(&tid) }) else { return };
+    // SAFETY: `w` is a live map value.
+    let w = unsafe { &mut *w };
+    if early.bio == w.bio && early.queued_ns == w.queued_ns && w.woken_ns == 0 {
+        w.woken_ns = early.woken_ns;
+        w.waker = early.waker;
+        w.waker_io = early.waker_io;
+        w.waker_io_done_ns = early.waker_io_done_ns;
+        w.waker_disk = early.waker_disk;
+        w.waker_tid = early.waker_tid;
+        w.waker_stack = early.waker_stack;
+        copy_comm(&mut w.waker_comm, &early.waker_comm);
+    }
+    let _ = EARLY_WAKES.remove(&tid);
+}

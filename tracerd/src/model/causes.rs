@@ -1,0 +1,355 @@
+//! Why an IO waited: each sleep of a task inside the IO's phase (`tracer_common::WaitRecord`),
+//! its kernel stack summarised to the function that waited, the cause that function names, and
+//! what ended the wait (an IO's completion, a task, an interrupt). See docs/guide/causes.md.
+
+use serde::Serialize;
+use tracer_common::wait;
+
+/// The fixed set of causes a wait is named by (a bounded label: `other` for the rest).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cause {
+    /// Every tag (request slot) of the hardware queue was in use: `blk_mq_get_tag`.
+    Tag,
+    /// The queue was frozen (a scheduler or limits change, a resize): `blk_queue_enter`.
+    QueueFrozen,
+    /// An rq-qos policy held the bio (wbt, io.latency, io.cost): `rq_qos_wait`.
+    RqQos,
+    /// md marked the array dirty and waited for its superblock writes: `md_write_start`.
+    MdSuperblock,
+    /// raid1/raid10 waited for a resync or array barrier: `wait_barrier`.
+    MdBarrier,
+    /// A journal commit (jbd2) had to finish first: `jbd2_log_wait_commit`.
+    JournalCommit,
+    /// The task was preempted: runnable, waiting for a CPU.
+    Cpu,
+    /// A sleep whose function is none of the above (its stack is kept whole).
+    Other,
+}
+
+impl Cause {
+    pub const ALL: [Cause; 8] = [
+        Cause::Tag,
+        Cause::QueueFrozen,
+        Cause::RqQos,
+        Cause::MdSuperblock,
+        Cause::MdBarrier,
+        Cause::JournalCommit,
+        Cause::Cpu,
+        Cause::Other,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Cause::Tag => "tag",
+            Cause::QueueFrozen => "queue_frozen",
+            Cause::RqQos => "rq_qos",
+            Cause::MdSuperblock => "md_superblock",
+            Cause::MdBarrier => "md_barrier",
+            Cause::JournalCommit => "journal_commit",
+            Cause::Cpu => "cpu",
+            Cause::Other => "other",
+        }
+    }
+
+    /// The cause a summarised waiting function names.
+    pub fn of_function(function: &str) -> Cause {
+        match function {
+            "blk_mq_get_tag" => Cause::Tag,
+            "blk_queue_enter" | "bio_queue_enter" | "__bio_queue_enter" => Cause::QueueFrozen,
+            "rq_qos_wait" | "wbt_wait" | "__wbt_wait" | "blkcg_iolatency_throttle" | "ioc_rqos_throttle" => {
+                Cause::RqQos
+            }
+            "md_write_start" => Cause::MdSuperblock,
+            "wait_barrier" | "_wait_barrier" | "wait_read_barrier" => Cause::MdBarrier,
+            "jbd2_log_wait_commit" => Cause::JournalCommit,
+            _ => Cause::Other,
+        }
+    }
+}
+
+/// Where in the IO's life the wait fell (`tracer_common::wait` phases).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// The submitter between Q and G (part of Q2G).
+    Q2g,
+    /// Inside a stacked device's submit function (part of the device's `layer` time).
+    Submit,
+}
+
+impl Phase {
+    pub fn from_kernel(phase: u8) -> Option<Phase> {
+        match phase {
+            wait::Q2G => Some(Phase::Q2g),
+            wait::SUBMIT => Some(Phase::Submit),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Q2g => "q2g",
+            Phase::Submit => "submit",
+        }
+    }
+}
+
+/// What ended a wait: an edge of the wait-for graph, as the kernel saw it at the wakeup.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Waker {
+    /// The completion of this IO woke it: `id` and `completed_ns` are its record's `id` and
+    /// C stamp; `disk` its whole disk (0: a device tracerd does not trace).
+    Io { disk: u32, id: u64, completed_ns: u64 },
+    /// A task woke it, outside any IO completion.
+    Task { tid: u32, comm: String, function: Option<String> },
+    /// An interrupt completing no IO woke it (a timer, another device).
+    Interrupt { function: Option<String> },
+    /// It ran again with no wakeup seen (it was preempted, not asleep).
+    None,
+}
+
+/// One wait of a task inside an IO's phase.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Wait {
+    /// The IO it belongs to: the device its bio was queued on and the bio's Q stamp.
+    #[serde(skip)]
+    pub dev: u32,
+    #[serde(skip)]
+    pub queued_ns: u64,
+    pub phase: Phase,
+    pub cause: Cause,
+    /// The first function outside the scheduler and wait primitives (`blk_mq_get_tag`).
+    pub function: Option<String>,
+    /// The whole stack, innermost first, where the summary names no known cause.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stack: Vec<String>,
+    pub tid: u32,
+    /// Left the CPU, woken (None: no wakeup seen), ran again: kernel clock (ns).
+    pub slept_ns: u64,
+    pub woken_ns: Option<u64>,
+    pub ran_ns: u64,
+    pub waker: Waker,
+}
+
+impl Wait {
+    /// Off-CPU time: left the CPU to ran again.
+    pub fn waited_ns(&self) -> u64 {
+        self.ran_ns.saturating_sub(self.slept_ns)
+    }
+}
+
+/// An IO's time by cause. A task that waits for one thing often sleeps several times in a row
+/// (woken with other waiters, it finds no tag left and sleeps again): consecutive waits of one
+/// phase and cause count from the first sleep to the last time it ran again, the time it ran in
+/// between being the kernel's wait loop. Another cause, or another phase, starts a new span.
+pub fn time_by_cause(waits: &[Wait]) -> std::collections::BTreeMap<Cause, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut i = 0;
+    while i < waits.len() {
+        let first = &waits[i];
+        let mut j = i;
+        while j + 1 < waits.len() && (waits[j + 1].phase, waits[j + 1].cause) == (first.phase, first.cause) {
+            j += 1;
+        }
+        *out.entry(first.cause).or_default() += waits[j].ran_ns.saturating_sub(first.slept_ns);
+        i = j + 1;
+    }
+    out
+}
+
+/// Waits read before their IO's record (a wait ends before its IO completes), until that record
+/// comes. An IO the kernel counts without a record (the agent's in-kernel aggregation) never
+/// comes: its waits are dropped once older than [`PendingWaits::KEEP_NS`].
+#[derive(Default)]
+pub struct PendingWaits {
+    /// By (the IO's Q stamp, its device): oldest first.
+    by_io: std::collections::BTreeMap<(u64, u32), Vec<Wait>>,
+}
+
+impl PendingWaits {
+    /// How long a wait waits for its IO's record (kernel clock).
+    pub const KEEP_NS: u64 = 30_000_000_000;
+
+    pub fn add(&mut self, wait: Wait) {
+        self.by_io.entry((wait.queued_ns, wait.dev)).or_default().push(wait);
+    }
+
+    /// The waits of the IO queued on `dev` at `queued_ns`, taken.
+    pub fn take(&mut self, dev: u32, queued_ns: u64) -> Vec<Wait> {
+        if queued_ns == 0 {
+            return Vec::new();
+        }
+        self.by_io.remove(&(queued_ns, dev)).unwrap_or_default()
+    }
+
+    /// Drops the waits of IOs queued more than `KEEP_NS` before `now_ns`.
+    pub fn expire(&mut self, now_ns: u64) {
+        let keep = self.by_io.split_off(&(now_ns.saturating_sub(Self::KEEP_NS), 0));
+        self.by_io = keep;
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_io.values().map(Vec::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_io.is_empty()
+    }
+}
+
+/// Frames that are the scheduler, a wait primitive or tracerd's own hook: skipped to find the
+/// function that waited. Prefixes of kernel function names.
+const WAIT_PRIMITIVES: &[&str] = &[
+    "bpf_",
+    "__bpf_",
+    "__traceiter_",
+    "trace_",
+    "__schedule",
+    "schedule",
+    "preempt_schedule",
+    "io_schedule",
+    "blk_io_schedule",
+    "__cond_resched",
+    "_cond_resched",
+    "__wait_",
+    "wait_for_completion",
+    "__wait_for_common",
+    "do_wait_for_common",
+    "wait_woken",
+    "prepare_to_wait",
+    "finish_wait",
+    "bit_wait",
+    "__wait_on_bit",
+    "out_of_line_wait_on_bit",
+    "__mutex_lock",
+    "mutex_lock",
+    "rwsem_down",
+    "down_read",
+    "down_write",
+    "__down",
+    "rt_mutex",
+    "__rt_mutex",
+    "rtlock",
+    "rt_spin_lock",
+    "percpu_rwsem_wait",
+    "__percpu_down",
+    "usleep_range",
+    "msleep",
+    "do_nanosleep",
+    "hrtimer_nanosleep",
+];
+
+/// A kernel symbol without the compiler's clone suffix (`.isra.0`, `.constprop.0`, `.cold`).
+pub fn base_name(symbol: &str) -> &str {
+    symbol.split('.').next().unwrap_or(symbol)
+}
+
+/// The function that waited: the first frame (innermost first) that is not a wait primitive.
+pub fn summarise<'a>(frames: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    frames.into_iter().map(base_name).find(|f| !WAIT_PRIMITIVES.iter().any(|p| f.starts_with(p)))
+}
+
+/// The cause of a wait from its state and its summarised function.
+pub fn cause_of(preempted: bool, function: Option<&str>) -> Cause {
+    if preempted {
+        return Cause::Cpu;
+    }
+    function.map_or(Cause::Other, Cause::of_function)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tag_wait_is_named_past_the_scheduler_and_the_hook() {
+        // The stack a submitter has in sched_switch while it waits for a tag (6.18).
+        let frames = [
+            "bpf_prog_6deef7357e7b4530_btf_sched_switch",
+            "bpf_trace_run4",
+            "__bpf_trace_sched_switch",
+            "__traceiter_sched_switch",
+            "__schedule",
+            "schedule",
+            "io_schedule",
+            "blk_mq_get_tag",
+            "__blk_mq_alloc_requests",
+            "blk_mq_submit_bio",
+            "__submit_bio",
+        ];
+        let f = summarise(frames);
+        assert_eq!(f, Some("blk_mq_get_tag"));
+        assert_eq!(cause_of(false, f), Cause::Tag);
+        assert_eq!(cause_of(true, f), Cause::Cpu, "preempted is the CPU, whatever the stack");
+    }
+
+    #[test]
+    fn clone_suffixes_are_dropped_and_unknown_functions_are_other() {
+        assert_eq!(summarise(["schedule", "md_write_start.part.0", "md_submit_bio"]), Some("md_write_start"));
+        assert_eq!(cause_of(false, Some("md_write_start")), Cause::MdSuperblock);
+        assert_eq!(summarise(["schedule", "_wait_barrier", "wait_barrier"]), Some("_wait_barrier"));
+        assert_eq!(cause_of(false, Some("_wait_barrier")), Cause::MdBarrier);
+        assert_eq!(cause_of(false, Some("folio_wait_bit_common")), Cause::Other);
+        assert_eq!(summarise(["schedule", "io_schedule"]), None, "nothing but primitives");
+        assert_eq!(cause_of(false, None), Cause::Other);
+    }
+
+    fn wait(dev: u32, queued_ns: u64) -> Wait {
+        Wait {
+            dev,
+            queued_ns,
+            phase: Phase::Q2g,
+            cause: Cause::Tag,
+            function: Some("blk_mq_get_tag".into()),
+            stack: Vec::new(),
+            tid: 7,
+            slept_ns: queued_ns + 10,
+            woken_ns: Some(queued_ns + 50),
+            ran_ns: queued_ns + 60,
+            waker: Waker::Io { disk: dev, id: 0xffff_8880_0000_1000, completed_ns: queued_ns + 49 },
+        }
+    }
+
+    #[test]
+    fn pending_waits_go_to_their_io_once_and_expire() {
+        let mut p = PendingWaits::default();
+        p.add(wait(7, 1_000));
+        p.add(wait(7, 1_000));
+        p.add(wait(8, 1_000));
+        p.add(wait(7, 2_000));
+        assert_eq!(p.take(7, 1_000).len(), 2);
+        assert!(p.take(7, 1_000).is_empty(), "taken once");
+        assert!(p.take(7, 0).is_empty(), "an IO without Q has none");
+        assert_eq!(p.len(), 2);
+        p.expire(PendingWaits::KEEP_NS + 1_500);
+        assert_eq!(p.len(), 1, "the wait of the IO queued at 1000 expired");
+        assert_eq!(p.take(7, 2_000)[0].waited_ns(), 50);
+        assert!(p.is_empty());
+    }
+
+    #[test]
+    fn repeated_sleeps_of_one_cause_span_from_the_first_to_the_last() {
+        let at = |slept_ns, ran_ns, cause| Wait { slept_ns, ran_ns, cause, ..wait(7, 0) };
+        let waits = [
+            at(100, 150, Cause::Tag),
+            at(160, 200, Cause::Tag),
+            at(210, 230, Cause::Cpu),
+            at(240, 300, Cause::Tag),
+        ];
+        let by = time_by_cause(&waits);
+        assert_eq!(by[&Cause::Tag], 100 + 60, "the run between the first two is the wait loop's");
+        assert_eq!(by[&Cause::Cpu], 20);
+        assert!(time_by_cause(&[]).is_empty());
+    }
+
+    #[test]
+    fn cause_names_are_distinct_and_snake_case() {
+        let names: std::collections::BTreeSet<&str> = Cause::ALL.iter().map(|c| c.name()).collect();
+        assert_eq!(names.len(), Cause::ALL.len());
+        for c in Cause::ALL {
+            assert_eq!(serde_json::to_value(c).unwrap(), c.name());
+        }
+    }
+}
