@@ -11,6 +11,9 @@
 //! reads, so a tracer with more programs would be charged more than its own cost. The BPF run
 //! time per IO comes from separate runs with it on. Raw figures go to target/bench/bench.json.
 //!
+//! A context-switch row (`switches`) measures what a tracer costs per context switch that is no
+//! IO's: the agent with and without its wait hooks (`--causes`) beside offcputime.
+//!
 //! `--stacks` measures `tracerd run` on md raid5 and dm-crypt in the VM instead (`stacks`).
 
 mod cargo_bench;
@@ -21,6 +24,7 @@ mod results;
 mod soak;
 mod stacks;
 mod stats;
+mod switches;
 mod tracer;
 mod variants;
 
@@ -35,6 +39,7 @@ use self::{
     results::{RESULTS_PAGE, provenance, results_page, summarize, to_json},
     soak::soak,
     stats::Results,
+    switches::{switch_row, switch_table},
 };
 use crate::{root_dir, setup};
 
@@ -79,8 +84,15 @@ pub fn bench(opts: Options) -> Result<()> {
         measure::rows(&mut machine, &dev, (opts.seconds, opts.rounds), opts.fixed_rate_only, tck)?
     };
     set_bpf_stats(Stats::Off)?;
+    // What the wait hooks cost on a context switch that is no IO's (causes).
+    let switches = if opts.soak_only {
+        String::new()
+    } else {
+        switch_table(&switch_row(opts.seconds, opts.rounds.max(measure::FIXED_RATE_ROUNDS), tck)?)
+    };
     if opts.fixed_rate_only {
-        let text = summarize(&results, &costs, None);
+        let mut text = summarize(&results, &costs, None);
+        text.push_str(&switches);
         print!("{text}");
         let page = dir.join("fixed-rate.md");
         fs::write(&page, results_page(&text, &measured, (opts.seconds, opts.rounds, opts.soak_seconds))?)?;
@@ -96,6 +108,7 @@ pub fn bench(opts: Options) -> Result<()> {
     let recorder = recorder_benchmark()?;
 
     let mut text = summarize(&results, &costs, Some((&soak, &records, &recorder)));
+    text.push_str(&switches);
     text.push_str(&soak.over_time());
     print!("{text}");
     fs::write(dir.join("bench.txt"), &text)?;

@@ -291,6 +291,16 @@ fn fixed_rate_lines(out: &mut String, results: &Results, costs: &Results, w: &st
             ns_range(&d)
         );
     }
+    // What the wait hooks add per IO (config causes, off by default): not a target yet.
+    if ran(Variant::TracerdRunCauses) && ran(Variant::TracerdRun) {
+        let d = paired_diff(results, w, (Variant::TracerdRunCauses, Variant::TracerdRun), 1.0);
+        let _ = writeln!(
+            out,
+            "{:<18} A/B: run (causes)'s extra - tracerd run's, same round: {} (A/A noise {noise:.0}ns)",
+            "",
+            ns_range(&d)
+        );
+    }
     verdicts
 }
 

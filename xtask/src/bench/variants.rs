@@ -31,10 +31,15 @@ pub(super) enum Variant {
     /// The agent without its Q and G hooks (`skip_hooks`): the A/B of the account of what
     /// tracerd costs above biolatency, which has neither.
     TracerdRunNoQg,
+    /// The agent with the wait hooks (`--causes`): sched_switch, sched_waking and the interrupt
+    /// entry and exit tracepoints on every context switch and interrupt.
+    TracerdRunCauses,
     TracerdSnoop,
     TracerdReport,
     Biolatency,
     Bpftrace,
+    /// libbpf-tools' offcputime: the peer that hooks sched_switch for off-CPU stacks.
+    Offcputime,
     /// No tracer again, closing each fixed-rate round: every traced run of the round sits
     /// between two untraced ones, and how far those two land apart is the round's A/A noise.
     NoneAgain,
@@ -47,7 +52,7 @@ impl Variant {
 
     /// Whether this is one of tracerd's commands, whose own CPU, RSS and lost events are read.
     pub(super) fn is_tracerd(self) -> bool {
-        !self.is_untraced() && !matches!(self, Variant::Biolatency | Variant::Bpftrace)
+        !self.is_untraced() && !matches!(self, Variant::Biolatency | Variant::Bpftrace | Variant::Offcputime)
     }
 
     /// Whether this is the agent, which serves /metrics on the port it is started with.
@@ -58,6 +63,7 @@ impl Variant {
                 | Variant::TracerdRunRecords
                 | Variant::TracerdRunCgroups
                 | Variant::TracerdRunNoQg
+                | Variant::TracerdRunCauses
         )
     }
 
@@ -68,10 +74,12 @@ impl Variant {
             Variant::TracerdRunRecords => "run (records)",
             Variant::TracerdRunCgroups => "run (cgroups)",
             Variant::TracerdRunNoQg => "run (no Q, G)",
+            Variant::TracerdRunCauses => "run (causes)",
             Variant::TracerdSnoop => "tracerd snoop",
             Variant::TracerdReport => "tracerd report",
             Variant::Biolatency => "biolatency",
             Variant::Bpftrace => "bpftrace",
+            Variant::Offcputime => "offcputime",
             Variant::NoneAgain => "no tracer again",
         }
     }
@@ -90,12 +98,14 @@ pub(super) const ALL: [Variant; 8] = [
 ];
 
 /// Every variant, in the order the IOPS table lists those a row ran.
-pub(super) const SHOWN: [Variant; 10] = [
+pub(super) const SHOWN: [Variant; 12] = [
     Variant::None,
     Variant::TracerdRun,
     Variant::TracerdRunRecords,
     Variant::TracerdRunCgroups,
     Variant::TracerdRunNoQg,
+    Variant::TracerdRunCauses,
+    Variant::Offcputime,
     Variant::TracerdSnoop,
     Variant::TracerdReport,
     Variant::Biolatency,
@@ -105,11 +115,12 @@ pub(super) const SHOWN: [Variant; 10] = [
 
 /// The variants of the fixed-rate rows: those the cost targets judge, between two untraced
 /// runs of the same round.
-pub(super) const RATED: [Variant; 8] = [
+pub(super) const RATED: [Variant; 9] = [
     Variant::None,
     Variant::TracerdRun,
     Variant::TracerdRunCgroups,
     Variant::TracerdRunNoQg,
+    Variant::TracerdRunCauses,
     Variant::TracerdSnoop,
     Variant::TracerdReport,
     Variant::Biolatency,
@@ -120,6 +131,11 @@ pub(super) const RATED: [Variant; 8] = [
 /// over many disks those two hooks are, and how much the issue and complete programs.
 pub(super) const MANY_DISKS_VARIANTS: [Variant; 5] =
     [Variant::None, Variant::TracerdRun, Variant::TracerdRunNoQg, Variant::Biolatency, Variant::NoneAgain];
+
+/// The variants of the context-switch row: what the wait hooks cost on a switch that is no IO's,
+/// beside the agent without them and the off-CPU peer.
+pub(super) const SWITCH_VARIANTS: [Variant; 5] =
+    [Variant::None, Variant::TracerdRun, Variant::TracerdRunCauses, Variant::Offcputime, Variant::NoneAgain];
 
 /// How a started tracer shows that it is ready to be measured.
 pub(super) enum Ready {
@@ -145,7 +161,8 @@ impl Variant {
             Variant::TracerdRun
             | Variant::TracerdRunRecords
             | Variant::TracerdRunCgroups
-            | Variant::TracerdRunNoQg => (
+            | Variant::TracerdRunNoQg
+            | Variant::TracerdRunCauses => (
                 Command::new(tracerd_bin())
                     .args(["run", "--listen", &format!("127.0.0.1:{port}")])
                     // The agent as deployed, with its store, in the bench's own directory (each
@@ -167,6 +184,7 @@ impl Variant {
                             fs::write(&config, "skip_hooks = [\"block_bio_queue\", \"block_getrq\"]\n")?;
                             vec!["--config".to_owned(), config.display().to_string()]
                         }
+                        Variant::TracerdRunCauses => vec!["--causes".into()],
                         _ => vec![],
                     })
                     .stdout(file(out)?)
@@ -189,6 +207,11 @@ impl Variant {
             ),
             Variant::Biolatency => (
                 Command::new("biolatency").arg("3600").stdout(file(out)?).stderr(file(err)?).spawn()?,
+                Ready::Programs,
+            ),
+            // As a user runs it: every task, kernel and user stacks.
+            Variant::Offcputime => (
+                Command::new("offcputime").arg("3600").stdout(file(out)?).stderr(file(err)?).spawn()?,
                 Ready::Programs,
             ),
             Variant::Bpftrace => (
