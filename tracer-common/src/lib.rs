@@ -869,6 +869,9 @@ mod user {
     unsafe impl aya::Pod for CgroupSeriesKey {}
 }
 
+// The reader tells wait records from IO records by length.
+const _: () = assert!(size_of::<WaitRecord>() != size_of::<IoRecord>());
+
 #[cfg(test)]
 mod tests {
     use super::agg::*;
@@ -915,6 +918,3 @@ mod tests {
         assert_eq!(got, [0, 0, 1, 2, 2, 3, 10, 11, 11]);
     }
 }
-
-// The reader tells wait records from IO records by length.
-const _: () = assert!(size_of::<WaitRecord>() != size_of::<IoRecord>());

@@ -121,8 +121,9 @@ pub(crate) fn on_sched_switch(ctx: &BtfTracePointContext, preempt: u64, next: u6
         // SAFETY: per-CPU slot, no concurrent writer.
         let tid = unsafe { (*h).tid };
         if tid != 0 {
-            // TASK_INTERRUPTIBLE | TASK_UNINTERRUPTIBLE, not preempted: asleep until woken.
-            let state = if preempt == 0 && prev_state & 3 != 0 { wait::BLOCKED } else { wait::PREEMPTED };
+            // Any sleeping state (interruptible, uninterruptible, an RT kernel's rtlock
+            // wait), not preempted: asleep until woken.
+            let state = if preempt == 0 && prev_state != 0 { wait::BLOCKED } else { wait::PREEMPTED };
             if tid == thread_id() {
                 start_wait(ctx, h, tid, state);
             }
