@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
-use tracerd_tests::{LoopDevice, Tracerd, Workload, require_root, strip_escapes};
+use tracerd_tests::{LoopDevice, Tracerd, Workload, eventually, require_root, strip_escapes};
 
 /// Lets `dev` give out only `n` requests at once (its tags; 4 is the block layer's least).
 fn set_nr_requests(dev: &LoopDevice, n: u32) {
@@ -153,4 +153,36 @@ fn the_slowest_ios_of_a_disk_short_of_tags_are_explained_by_tag_waits() {
         }
     }
     assert!(causes.keys().all(|c| c == "tag" || c == "cpu"), "{causes:?}");
+}
+
+#[test]
+fn the_agent_counts_every_tag_wait_by_device_op_phase_and_cause() {
+    require_root();
+    let (few, many) = (LoopDevice::new(64), LoopDevice::new(64));
+    set_nr_requests(&few, 4);
+    let agent = Tracerd::run(&["--causes", "--device", &few.name, "--device", &many.name]);
+    let w = Workload { write: true, count: 1500, size: 4096, qd: 32 };
+    run_concurrently(&[&few, &many], 1, w);
+    fn on(dev: &LoopDevice) -> [(&'static str, &str); 2] {
+        [("device", dev.name.as_str()), ("op", "write")]
+    }
+    let mut m = agent.metrics();
+    // The kernel counts the IOs in its own series: every one, records or not.
+    assert!(
+        eventually(|| {
+            m = agent.metrics();
+            m.get("tracerd_io_requests_total", &on(&few)) == 1500.0
+                && m.get("tracerd_io_requests_total", &on(&many)) == 1500.0
+        }),
+        "the agent did not count every IO:\n{}",
+        agent.stderr_text()
+    );
+    let tag = [("device", few.name.as_str()), ("op", "write"), ("phase", "q2g"), ("cause", "tag")];
+    let waits = m.get("tracerd_io_waits_total", &tag);
+    assert!(waits >= 100.0, "32 IOs in flight for 4 tags, and {waits} tag waits counted");
+    // Each wait lies inside its IO's Q2G: together they cannot exceed it.
+    let slept = m.sum("tracerd_io_wait_seconds_total", &on(&few));
+    let q2g = m.get("tracerd_io_stage_seconds_sum", &[on(&few)[0], on(&few)[1], ("stage", "q2g")]);
+    assert!(slept > 0.0 && slept <= q2g, "waits {slept} s against Q2G {q2g} s");
+    assert_eq!(m.sum("tracerd_io_waits_total", &[("device", many.name.as_str())]), 0.0, "128 tags: no wait");
 }

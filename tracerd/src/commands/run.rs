@@ -282,6 +282,7 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
                     c.names_cached = names.cached();
                 }
                 st.records = session.records;
+                st.waits = session.wait_totals().cloned();
                 st.programs = programs;
                 if let Some(n) = in_flight {
                     st.in_flight = n;

@@ -14,8 +14,9 @@ use crate::{
     kernel::tracer::{LoadOptions, ProgramTotals, Tracer},
     kernel::uevents::{Rescan, Uevents},
     model::aggregate::Lost,
-    model::causes::{PendingWaits, Wait},
+    model::causes::{PendingWaits, Wait, WaitTotals},
     model::layers::{LayerSplit, Layers, MAX_LOWERS},
+    model::op::OpDecoder,
     model::selection::{Resolved, Selection},
     model::topology::Topology,
 };
@@ -61,6 +62,8 @@ pub struct Session {
 pub struct Waits {
     reader: WaitReader,
     pending: PendingWaits,
+    /// Every wait of a traced device's IO read so far (the agent's metrics).
+    pub totals: WaitTotals,
 }
 
 impl Session {
@@ -82,6 +85,7 @@ impl Session {
             true => Some(Waits {
                 reader: WaitReader::new(tracer.take_stacks()?),
                 pending: PendingWaits::default(),
+                totals: WaitTotals::default(),
             }),
             false => None,
         };
@@ -178,6 +182,7 @@ impl Session {
             decode_errors: &mut self.own_lost.decode_error,
             wakeups_unseen: &mut self.own_lost.wakeup_unseen,
             waits: self.waits.as_mut(),
+            ops: &self.tracer.ops,
         };
         let n = match tokio::time::timeout(self.poll, self.events.readable_mut()).await {
             Ok(guard) => {
@@ -193,6 +198,11 @@ impl Session {
         Ok(())
     }
 
+    /// Every wait of a traced device's IO read so far; None with causes off.
+    pub fn wait_totals(&self) -> Option<&WaitTotals> {
+        self.waits.as_ref().map(|w| &w.totals)
+    }
+
     /// Hands over whatever is in the ring buffer now, without waiting.
     pub fn drain_now(&mut self, f: impl FnMut(&Io, &Topology)) {
         let mut reader = Reader {
@@ -202,6 +212,7 @@ impl Session {
             decode_errors: &mut self.own_lost.decode_error,
             wakeups_unseen: &mut self.own_lost.wakeup_unseen,
             waits: self.waits.as_mut(),
+            ops: &self.tracer.ops,
         };
         let n = reader.drain(self.events.get_mut(), f);
         self.records += n;
@@ -217,6 +228,7 @@ struct Reader<'a> {
     decode_errors: &'a mut u64,
     wakeups_unseen: &'a mut u64,
     waits: Option<&'a mut Waits>,
+    ops: &'a OpDecoder,
 }
 
 impl Reader<'_> {
@@ -234,6 +246,12 @@ impl Reader<'_> {
                             *self.wakeups_unseen += 1;
                         }
                         if let Some(wait) = w.reader.read(&rec) {
+                            if let Some(target) = self.resolved.target_of_dev(wait.dev) {
+                                let key = (target, self.ops.op(rec.opf), wait.phase, wait.cause);
+                                let total = w.totals.entry(key).or_default();
+                                total.0 += 1;
+                                total.1 += wait.waited_ns();
+                            }
                             w.pending.add(wait);
                         }
                     }

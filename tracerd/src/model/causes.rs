@@ -159,6 +159,10 @@ pub fn time_by_cause(waits: &[Wait]) -> std::collections::BTreeMap<Cause, u64> {
     out
 }
 
+/// Waits counted per (traced device, op, phase, cause): how many, and their off-CPU time (ns).
+/// Bounded by the traced devices: ops, phases and causes are fixed sets.
+pub type WaitTotals = std::collections::BTreeMap<(u32, crate::model::op::Op, Phase, Cause), (u64, u64)>;
+
 /// Waits read before their IO's record (a wait ends before its IO completes), until that record
 /// comes. An IO the kernel counts without a record (the agent's in-kernel aggregation) never
 /// comes: its waits are dropped once older than [`PendingWaits::KEEP_NS`].

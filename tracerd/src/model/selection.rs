@@ -128,6 +128,15 @@ impl Resolved {
         self.targets.contains(&dev)
     }
 
+    /// The series an IO queued on `dev` counts towards (its own, else its disk's).
+    pub fn target_of_dev(&self, dev: u32) -> Option<u32> {
+        if self.targets.contains(&dev) {
+            return Some(dev);
+        }
+        let disk = *self.disk_of.get(&dev)?;
+        self.targets.contains(&disk).then_some(disk)
+    }
+
     pub fn target_of(&self, rec: &IoRecord) -> Option<u32> {
         if rec.dev != 0 && self.targets.contains(&rec.dev) {
             return Some(rec.dev);

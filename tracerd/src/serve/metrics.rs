@@ -13,11 +13,13 @@ mod layers;
 mod process;
 mod recorder;
 mod series;
+mod waits;
 
 use crate::{
     kernel::hooks::HookStatus,
     kernel::tracer::ProgramTotals,
     model::aggregate::Aggregator,
+    model::causes::WaitTotals,
     model::cgroups::CgroupSeries,
     serve::exemplars::Exemplars,
     serve::exposition::{Family, Format, protobuf, text},
@@ -51,6 +53,8 @@ pub struct State {
     pub cgroups: Option<CgroupSeries>,
     /// Recent IOs per stage bucket, for OpenMetrics and protobuf scrapes.
     pub exemplars: Exemplars,
+    /// Waits inside IO phases by cause (config `causes`); None with causes off.
+    pub waits: Option<WaitTotals>,
 }
 
 /// The flight recorder, as /metrics shows it.
@@ -111,6 +115,9 @@ pub fn families(state: &State, format: Format) -> Vec<Family> {
     series::queue_depth(&mut out, &series);
     series::counters(&mut out, state, &series);
     layers::unlinked(&mut out, &series);
+    if let Some(w) = &state.waits {
+        waits::families(&mut out, state, w);
+    }
     if let Some(c) = &state.cgroups {
         cgroups::families(&mut out, c);
     }
@@ -215,6 +222,9 @@ mod tests {
             (1, 9500, 9600, 20_000);
         plain.agg.add(7, Op::Read, &waited, &[], |_| "lo".into());
         plain.aggregation = "kernel";
+        // A submitter's sleep for a tag (config `causes`).
+        use crate::model::causes::{Cause, Phase};
+        plain.waits = Some([((7, Op::Write, Phase::Q2g, Cause::Tag), (1, 5000))].into());
         plain.recorder = RecorderGauges {
             bytes: 1,
             max_bytes: 2,
