@@ -117,6 +117,13 @@ fn add_waiting(delta: i64) {
 pub(crate) fn on_sched_switch(ctx: &BtfTracePointContext, preempt: u64, next: u64, prev_state: u64) {
     // A new task: whatever the old one was completing at task level is not its.
     clear_completing(0);
+    // No interrupt level schedules: a level still counted here is one whose exit went unseen
+    // (the hooks were attached or detached inside it). Without this, Q on this CPU would
+    // never note a holder again.
+    if let Some(l) = LEVEL.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot, no concurrent writer.
+        unsafe { *l = 0 };
+    }
     if let Some(h) = HOLDER.get_ptr_mut(0) {
         // SAFETY: per-CPU slot, no concurrent writer.
         let tid = unsafe { (*h).tid };

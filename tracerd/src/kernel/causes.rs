@@ -27,10 +27,12 @@ pub struct CauseHook {
 pub const CAUSE_HOOKS: &[CauseHook] = &[
     CauseHook { tracepoint: "sched_switch", program: "btf_sched_switch" },
     CauseHook { tracepoint: "sched_waking", program: "btf_sched_waking" },
-    CauseHook { tracepoint: "irq_handler_entry", program: "btf_irq_entry" },
+    // Each exit before its entry: an interrupt in progress while they are attached is then
+    // left unseen (its exit finds level 0), never entered without an exit.
     CauseHook { tracepoint: "irq_handler_exit", program: "btf_irq_exit" },
-    CauseHook { tracepoint: "softirq_entry", program: "btf_softirq_entry" },
+    CauseHook { tracepoint: "irq_handler_entry", program: "btf_irq_entry" },
     CauseHook { tracepoint: "softirq_exit", program: "btf_softirq_exit" },
+    CauseHook { tracepoint: "softirq_entry", program: "btf_softirq_entry" },
 ];
 
 /// The `task_struct` offsets the wait hooks read.
