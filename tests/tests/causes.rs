@@ -66,6 +66,25 @@ fn slow_share(lines: &[&Value], cause: &str) -> f64 {
     explained as f64 / total.max(1) as f64
 }
 
+/// The slowest tenth's mean stages and causes, for a failure's message.
+fn slow_breakdown(lines: &[&Value]) -> String {
+    let mut q2c: Vec<u64> = lines.iter().map(|l| ns(&l["stages_ns"]["q2c"])).collect();
+    q2c.sort_unstable();
+    let p90 = q2c[q2c.len() * 9 / 10];
+    let slow: Vec<&&Value> = lines.iter().filter(|l| ns(&l["stages_ns"]["q2c"]) > p90).collect();
+    let mut sums: BTreeMap<String, u64> = BTreeMap::new();
+    for l in &slow {
+        for field in ["stages_ns", "causes_ns"] {
+            for (k, v) in l[field].as_object().into_iter().flatten() {
+                *sums.entry(format!("{field}.{k}")).or_default() += v.as_u64().unwrap_or(0);
+            }
+        }
+    }
+    let n = slow.len().max(1) as u64;
+    let means: Vec<String> = sums.iter().map(|(k, v)| format!("{k} {} us", v / n / 1000)).collect();
+    format!("{} IOs above p90 {} us, means: {}", slow.len(), p90 / 1000, means.join(", "))
+}
+
 #[test]
 fn tag_waits_name_blk_mq_get_tag_and_the_request_whose_completion_ended_them() {
     require_root();
@@ -140,7 +159,12 @@ fn the_slowest_ios_of_a_disk_short_of_tags_are_explained_by_tag_waits() {
     let lines: Vec<&Value> = lines.iter().collect();
     assert_eq!(lines.len(), 16 * 300);
     let share = slow_share(&lines, "tag");
-    assert!(share >= 0.8, "tag waits explain {:.0} % of the slowest IOs' Q2C", share * 100.0);
+    assert!(
+        share >= 0.8,
+        "tag waits explain {:.0} % of the slowest IOs' Q2C; {}",
+        share * 100.0,
+        slow_breakdown(&lines)
+    );
     let many = LoopDevice::new(64);
     let (control, _) = snoop_causes(&[&many], || run_concurrently(&[&many], 16, w));
     let control: Vec<&Value> = control.iter().collect();
