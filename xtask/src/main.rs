@@ -102,7 +102,8 @@ enum Cmd {
         #[arg(long, default_value = "all")]
         kernel: String,
         /// Run only this scenario (smoke, doctor, dm_linear, dm_deferred, dm_copy, md, md_parity,
-        /// null_blk, dm_multipath, real_drivers, nvme_failover, nvme_ana, host_kernel, cgroups) and
+        /// null_blk, dm_multipath, real_drivers, nvme_failover, nvme_ana, host_kernel, cgroups,
+        /// causes) and
         /// keep the console log, without the assertions: for developing a scenario.
         #[arg(long)]
         scenario: Option<String>,

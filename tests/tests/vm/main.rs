@@ -8,6 +8,7 @@
 //! console (through xtask's reader of the guest's console protocol) and holds what several
 //! scenarios' tests share.
 
+mod causes;
 mod cgroups;
 mod dm_copy;
 mod dm_deferred;

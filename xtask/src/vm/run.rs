@@ -47,6 +47,7 @@ pub struct GuestBinaries {
     iogen: PathBuf,
     host_tests: PathBuf,
     cgroup_tests: PathBuf,
+    causes_tests: PathBuf,
 }
 
 /// Builds the eBPF object and the static binaries and tests the guest runs.
@@ -67,6 +68,7 @@ pub fn build_guest_binaries() -> Result<GuestBinaries> {
             musl::build_static_test("tracerd-tests", "host_kernel")
         })?,
         cgroup_tests: step("build the cgroup tests", || musl::build_static_test("tracerd-tests", "cgroups"))?,
+        causes_tests: step("build the causes tests", || musl::build_static_test("tracerd-tests", "causes"))?,
     })
 }
 
@@ -103,6 +105,7 @@ pub fn boot_guest(
         // <test dir>/../iogen.
         files.push(("/t/deps/host_kernel".into(), bins.host_tests.clone()));
         files.push(("/t/deps/cgroups".into(), bins.cgroup_tests.clone()));
+        files.push(("/t/deps/causes".into(), bins.causes_tests.clone()));
         files.push(("/t/iogen".into(), bins.iogen.clone()));
         for (guest, tool) in tools {
             let host = which(tool).with_context(|| format!("{tool} is missing on this machine"))?;

@@ -470,6 +470,33 @@ TRACERD_BIN=/bin/tracerd TRACERD_TEST_NO_TMUX=1 PATH=/usr/local/sbin:/usr/local/
 echo "cgroup tests exit status: $?"
 echo "VM-RESULT-END cgroups""#;
 
+/// The causes tests (tests/tests/causes.rs) on this kernel: its scheduler and interrupt
+/// tracepoints, its tag wait path, loop devices short of tags. Then seed 000's array: md raid1
+/// with an internal bitmap (md5 over ram27, ram28), 20 writes half a second apart, with md's
+/// default safe mode delay (0.2 s: each write finds the array clean and waits for md to mark it
+/// dirty in both superblocks) and with it raised to 60 s (the control).
+const CAUSES: &str = r#"ip link set lo up
+mkdir -p /dev/shm && mountpoint -q /dev/shm || mount -t tmpfs tmpfs /dev/shm
+echo "VM-RESULT-BEGIN causes"
+TRACERD_BIN=/bin/tracerd PATH=/usr/local/sbin:/usr/local/bin:$PATH /t/deps/causes --test-threads=1 2>&1
+echo "causes tests exit status: $?"
+echo "VM-RESULT-END causes"
+mdadm --create /dev/md5 --run --force --level=1 --raid-devices=2 --metadata=1.2 --bitmap=internal \
+    --assume-clean /dev/ram27 /dev/ram28 || vm_fail "mdadm --create /dev/md5"
+spaced_writes() { for i in $(seq 20); do /bin/iogen /dev/md5 write 1 4096 1 > /dev/null; sleep 0.5; done; }
+cat /sys/block/md5/md/safe_mode_delay > /tmp/causes_md_delay.out
+trace_start causes_md_safe_mode snoop --json --causes --device md5
+spaced_writes
+trace_stop causes_md_safe_mode
+echo 60 > /sys/block/md5/md/safe_mode_delay
+/bin/iogen /dev/md5 write 1 4096 1 > /dev/null
+vm_until "md5 never left the clean state" grep -q '^active' /sys/block/md5/md/array_state
+trace_start causes_md_control snoop --json --causes --device md5
+spaced_writes
+trace_stop causes_md_control
+for t in causes_md_delay causes_md_safe_mode causes_md_control; do emit $t; done
+mdadm --stop /dev/md5 || echo "VM-WARNING mdadm --stop /dev/md5 failed""#;
+
 /// What tracerd sees in this kernel, for the log and tests/tests/vm/doctor.rs: `doctor` with its load
 /// test (BTF, layout paths, each hook's variant and attach type, kprobes), as text and JSON.
 const DOCTOR: &str = r#"/bin/tracerd doctor --json > /tmp/doctor_json.out 2> /tmp/doctor_json.err
@@ -538,6 +565,7 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { name: "nvme_ana", needs: &["null_blk", "nvmet", "nvmet-tcp", "nvme-tcp"], body: NVME_ANA },
     Scenario { name: "host_kernel", needs: &["loop"], body: HOST_KERNEL },
     Scenario { name: "cgroups", needs: &["loop"], body: CGROUPS },
+    Scenario { name: "causes", needs: &["loop", "brd", "raid1"], body: CAUSES },
 ];
 
 /// Every scenario's name, in order.

@@ -40,8 +40,8 @@ vm_load() { vm_have "$1" && ! vm_listed "$1" "$builtin" || return 0; modprobe "$
 # ram0-1 md0, ram2 lin0, ram3 crypt0, ram4 delay0, ram5-6 the thin pool's metadata and data,
 # ram7-8 md1 (raid10), ram16-17 md4 (raid0, both made by the md scenario), ram9-11 md2 (raid5)
 # and ram12-15 md3 (raid6, both made by the md_parity scenario), ram18-26 the dm_copy scenario's
-# targets.
-vm_load brd rd_nr=27 rd_size=65536
+# targets, ram27-28 md5 (raid1 with an internal bitmap, the causes scenario).
+vm_load brd rd_nr=29 rd_size=65536
 vm_load raid0
 vm_load raid1
 vm_load raid10
