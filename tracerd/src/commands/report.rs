@@ -113,6 +113,8 @@ pub async fn report(
         agg.add(io.target, ops.op(io.rec.cmd_flags), io.rec, io.layers, |d| topo.name_of(d));
         by_cgroup.add(io, ops.op(io.rec.cmd_flags), topo);
     });
+    let waits = session.take_waits();
+    agg.add_waits(&waits, |d| session.topo.name_of(d));
     if progress {
         eprint!("\r\x1b[K");
     }

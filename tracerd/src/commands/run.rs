@@ -94,6 +94,7 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
         },
         kernel_cgroup_series: opts.cgroups.then(|| session.tracer.cgroup_series.usage()),
         cgroups: config.cgroups.enabled().then(|| CgroupSeries::new(config.cgroups.clone())),
+        causes: session.tracer.causes_on(),
         ..Default::default()
     }));
     let shared = Arc::new(api::Shared::new(
@@ -282,7 +283,6 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
                     c.names_cached = names.cached();
                 }
                 st.records = session.records;
-                st.waits = session.wait_totals().cloned();
                 st.programs = programs;
                 if let Some(n) = in_flight {
                     st.in_flight = n;
@@ -476,8 +476,8 @@ fn aggregation_name(a: Aggregation) -> &'static str {
     }
 }
 
-/// Adds what the kernel counted since the last fold to the series and to the recorder's
-/// frame (and to the check: `check` is None unless `--aggregation check`). A cgroup's series
+/// Adds what the kernel counted since the last fold, and the waits read since (config
+/// `causes`), to the series and to the recorder's frame (and to the check: `check` is None unless `--aggregation check`). A cgroup's series
 /// is named now, and counted under its label (or `other`) as its records would be.
 fn fold_kernel(
     session: &mut Session,
@@ -486,12 +486,18 @@ fn fold_kernel(
     names: &RefCell<CgroupNames>,
     check: Option<&RefCell<Check>>,
 ) -> Result<()> {
+    // Waits come without a record of their own: counted here, those of every IO.
+    let waits = session.take_waits();
     let topo = &session.topo;
     let mut guard = state.lock().unwrap_or_else(|e| e.into_inner());
     let st = &mut *guard;
     let mut check = check.map(RefCell::borrow_mut);
     let mut names = names.borrow_mut();
     let now = std::time::Instant::now();
+    if !waits.is_empty() {
+        st.agg.add_waits(&waits, |d| topo.name_of(d));
+        frame.borrow_mut().add_waits(&waits);
+    }
     session.tracer.fold_series(|dev, op, cgroup, counted| {
         let op = if op == agg::READ { Op::Read } else { Op::Write };
         st.kernel_requests += counted.requests;

@@ -14,7 +14,7 @@ use crate::{
     kernel::tracer::{LoadOptions, ProgramTotals, Tracer},
     kernel::uevents::{Rescan, Uevents},
     model::aggregate::Lost,
-    model::causes::{PendingWaits, Wait, WaitTotals},
+    model::causes::{PendingWaits, Wait, WaitSum, WaitTotals},
     model::layers::{LayerSplit, Layers, MAX_LOWERS},
     model::op::OpDecoder,
     model::selection::{Resolved, Selection},
@@ -62,8 +62,8 @@ pub struct Session {
 pub struct Waits {
     reader: WaitReader,
     pending: PendingWaits,
-    /// Every wait of a traced device's IO read so far (the agent's metrics).
-    pub totals: WaitTotals,
+    /// Waits of traced devices' IOs read since the last `take_waits`.
+    fresh: WaitTotals,
 }
 
 impl Session {
@@ -85,7 +85,7 @@ impl Session {
             true => Some(Waits {
                 reader: WaitReader::new(tracer.take_stacks()?),
                 pending: PendingWaits::default(),
-                totals: WaitTotals::default(),
+                fresh: WaitTotals::default(),
             }),
             false => None,
         };
@@ -198,9 +198,10 @@ impl Session {
         Ok(())
     }
 
-    /// Every wait of a traced device's IO read so far; None with causes off.
-    pub fn wait_totals(&self) -> Option<&WaitTotals> {
-        self.waits.as_ref().map(|w| &w.totals)
+    /// The waits of traced devices' IOs read since the last call (empty with causes off),
+    /// counted per (device, op, phase, cause): every wait, also of IOs the kernel aggregates.
+    pub fn take_waits(&mut self) -> WaitTotals {
+        self.waits.as_mut().map(|w| std::mem::take(&mut w.fresh)).unwrap_or_default()
     }
 
     /// Hands over whatever is in the ring buffer now, without waiting.
@@ -248,9 +249,10 @@ impl Reader<'_> {
                         if let Some(wait) = w.reader.read(&rec) {
                             if let Some(target) = self.resolved.target_of_dev(wait.dev) {
                                 let key = (target, self.ops.op(rec.opf), wait.phase, wait.cause);
-                                let total = w.totals.entry(key).or_default();
-                                total.0 += 1;
-                                total.1 += wait.waited_ns();
+                                w.fresh
+                                    .entry(key)
+                                    .or_default()
+                                    .add(WaitSum { waits: 1, ns: wait.waited_ns() });
                             }
                             w.pending.add(wait);
                         }

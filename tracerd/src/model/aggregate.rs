@@ -8,6 +8,7 @@ use tracer_common::{IoRecord, SeriesAgg, agg, lost, own};
 
 pub use crate::model::stage::PATHS;
 use crate::{
+    model::causes::{self, Cause, WaitSum, WaitTotals},
     model::layers::{LayerSplit, Phase},
     model::op::Op,
     model::series::{KernelSeries, Series},
@@ -143,6 +144,9 @@ pub struct OpStats {
     pub qos: BTreeMap<u8, Box<StageHist>>,
     /// Queue depth at issue of requests issued with one known.
     pub queue_depth: QueueDepths,
+    /// Its submitters' waits inside its IOs' phases, by phase and cause (config `causes`):
+    /// counted from every wait the kernel reported, also of IOs it aggregated itself.
+    pub waits: BTreeMap<(causes::Phase, Cause), WaitSum>,
 }
 
 /// Queue depths at issue in power-of-two buckets: bucket k counts depths in (2^(k-1), 2^k],
@@ -198,6 +202,7 @@ impl Default for OpStats {
             personality: None,
             qos: BTreeMap::new(),
             queue_depth: QueueDepths::default(),
+            waits: BTreeMap::new(),
         }
     }
 }
@@ -205,6 +210,10 @@ impl Default for OpStats {
 impl OpStats {
     pub fn stage(&self, stage: Stage) -> Option<&StageHist> {
         self.stages[stage.index()].as_deref()
+    }
+
+    pub fn add_wait(&mut self, phase: causes::Phase, cause: Cause, sum: WaitSum) {
+        self.waits.entry((phase, cause)).or_default().add(sum);
     }
 }
 
@@ -464,6 +473,15 @@ impl Aggregator {
             return;
         }
         self.series.entry((dev, op)).or_default().add_kernel(counted);
+    }
+
+    /// Adds waits counted per (device, op, phase, cause); `name` is asked once per new device.
+    pub fn add_waits(&mut self, waits: &WaitTotals, name: impl Fn(u32) -> String) {
+        for (&(dev, op, phase, cause), &sum) in waits {
+            if self.admit(dev, &name) {
+                self.series.entry((dev, op)).or_default().add_wait(phase, cause, sum);
+            }
+        }
     }
 
     pub fn name(&self, dev: u32) -> &str {

@@ -15,6 +15,7 @@ use tracer_common::own;
 
 use crate::{
     model::aggregate::{Aggregator, HIGHEST_NS, LOWEST_NS, LayerStats, Lost, OpStats, SIGFIG, StageHist},
+    model::causes::{self, WaitSum},
     model::layers::Phase,
     model::op::Op,
     model::stage::{self, Stage},
@@ -107,6 +108,18 @@ pub struct OpCapture {
     /// rq-qos waits inside Q2G, by policy (`wbt`, `iocost`, ...; config `rq_qos`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub qos_wait: BTreeMap<String, Hist>,
+    /// Submitters' waits inside these IOs' phases, by phase and cause (config `causes`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waits: Vec<WaitCapture>,
+}
+
+/// Waits of one phase and cause: how many, and their off-CPU time added up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitCapture {
+    pub phase: causes::Phase,
+    pub cause: causes::Cause,
+    pub waits: u64,
+    pub wait_ns: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -284,6 +297,11 @@ impl Capture {
                     })
                     .collect(),
                 qos_wait: s.qos.iter().map(|(&p, h)| (stage::qos_name(p), Hist::of(h))).collect(),
+                waits: s
+                    .waits
+                    .iter()
+                    .map(|(&(phase, cause), w)| WaitCapture { phase, cause, waits: w.waits, wait_ns: w.ns })
+                    .collect(),
             };
             match devices.last_mut() {
                 Some(d) if d.device == device => d.ops.push(op_capture),
@@ -347,6 +365,9 @@ impl Capture {
                     if let Some(bits) = stage::qos_bits(policy) {
                         stats.qos.insert(bits, boxed(h));
                     }
+                }
+                for w in &o.waits {
+                    stats.add_wait(w.phase, w.cause, WaitSum { waits: w.waits, ns: w.wait_ns });
                 }
                 for l in &o.layers {
                     let lower = id_of(&l.lower, &mut agg);
@@ -452,6 +473,13 @@ pub(crate) mod tests {
             completion_ns: 1000,
         };
         agg.add(9, Op::Read, &upper, &[split], |_| "dm-0".into());
+        // Waits by cause (config `causes`).
+        use crate::model::causes::{Cause, Phase};
+        let waits = [
+            ((7, Op::Read, Phase::Q2g, Cause::Tag), WaitSum { waits: 3, ns: 42_000 }),
+            ((9, Op::Read, Phase::Submit, Cause::MdSuperblock), WaitSum { waits: 1, ns: 5_000 }),
+        ];
+        agg.add_waits(&waits.into(), |_| unreachable!());
         agg
     }
 
@@ -501,6 +529,8 @@ pub(crate) mod tests {
         assert!(!dir.0.join("a.json.tmp").exists(), "the temporary file is renamed");
         let loaded = Capture::load(&path).unwrap();
         assert_eq!(loaded, c);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(r#"{"phase":"q2g","cause":"tag","waits":3,"wait_ns":42000}"#), "{text}");
         assert_eq!((loaded.format.as_str(), loaded.version, loaded.host.as_str()), (FORMAT, 1, "vm1"));
         assert_eq!(loaded.devices.iter().map(|d| d.device.as_str()).collect::<Vec<_>>(), ["dm-0", "loop0"]);
         let loop0 = &loaded.devices[1];

@@ -2,11 +2,11 @@
 //! its kernel stack summarised to the function that waited, the cause that function names, and
 //! what ended the wait (an IO's completion, a task, an interrupt). See docs/guide/causes.md.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tracer_common::wait;
 
 /// The fixed set of causes a wait is named by (a bounded label: `other` for the rest).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Cause {
     /// Every tag (request slot) of the hardware queue was in use: `blk_mq_get_tag`.
@@ -69,7 +69,7 @@ impl Cause {
 }
 
 /// Where in the IO's life the wait fell (`tracer_common::wait` phases).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
     /// The submitter between Q and G (part of Q2G).
@@ -79,6 +79,8 @@ pub enum Phase {
 }
 
 impl Phase {
+    pub const ALL: [Phase; 2] = [Phase::Q2g, Phase::Submit];
+
     pub fn from_kernel(phase: u8) -> Option<Phase> {
         match phase {
             wait::Q2G => Some(Phase::Q2g),
@@ -159,9 +161,23 @@ pub fn time_by_cause(waits: &[Wait]) -> std::collections::BTreeMap<Cause, u64> {
     out
 }
 
-/// Waits counted per (traced device, op, phase, cause): how many, and their off-CPU time (ns).
-/// Bounded by the traced devices: ops, phases and causes are fixed sets.
-pub type WaitTotals = std::collections::BTreeMap<(u32, crate::model::op::Op, Phase, Cause), (u64, u64)>;
+/// Waits of one kind counted together: how many, and their off-CPU time (ns).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WaitSum {
+    pub waits: u64,
+    pub ns: u64,
+}
+
+impl WaitSum {
+    pub fn add(&mut self, other: WaitSum) {
+        self.waits += other.waits;
+        self.ns += other.ns;
+    }
+}
+
+/// Waits counted per (traced device, op, phase, cause). Bounded by the traced devices: ops,
+/// phases and causes are fixed sets.
+pub type WaitTotals = std::collections::BTreeMap<(u32, crate::model::op::Op, Phase, Cause), WaitSum>;
 
 /// Waits read before their IO's record (a wait ends before its IO completes), until that record
 /// comes. An IO the kernel counts without a record (the agent's in-kernel aggregation) never

@@ -99,6 +99,7 @@ impl Window {
                 }
                 s.add_to(agg.series.entry((*dev, *op)).or_default());
             }
+            agg.add_waits(&d.waits, |dev| self.topology.name_of(dev));
             lost.add(&d.lost);
         }
         Ok((agg, lost))

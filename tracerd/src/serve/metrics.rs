@@ -19,7 +19,6 @@ use crate::{
     kernel::hooks::HookStatus,
     kernel::tracer::ProgramTotals,
     model::aggregate::Aggregator,
-    model::causes::WaitTotals,
     model::cgroups::CgroupSeries,
     serve::exemplars::Exemplars,
     serve::exposition::{Family, Format, protobuf, text},
@@ -53,8 +52,9 @@ pub struct State {
     pub cgroups: Option<CgroupSeries>,
     /// Recent IOs per stage bucket, for OpenMetrics and protobuf scrapes.
     pub exemplars: Exemplars,
-    /// Waits inside IO phases by cause (config `causes`); None with causes off.
-    pub waits: Option<WaitTotals>,
+    /// Whether waits inside IO phases are counted by cause (config `causes`): the series'
+    /// `waits`.
+    pub causes: bool,
 }
 
 /// The flight recorder, as /metrics shows it.
@@ -115,8 +115,8 @@ pub fn families(state: &State, format: Format) -> Vec<Family> {
     series::queue_depth(&mut out, &series);
     series::counters(&mut out, state, &series);
     layers::unlinked(&mut out, &series);
-    if let Some(w) = &state.waits {
-        waits::families(&mut out, state, w);
+    if state.causes {
+        waits::families(&mut out, &series);
     }
     if let Some(c) = &state.cgroups {
         cgroups::families(&mut out, c);
@@ -223,8 +223,12 @@ mod tests {
         plain.agg.add(7, Op::Read, &waited, &[], |_| "lo".into());
         plain.aggregation = "kernel";
         // A submitter's sleep for a tag (config `causes`).
-        use crate::model::causes::{Cause, Phase};
-        plain.waits = Some([((7, Op::Write, Phase::Q2g, Cause::Tag), (1, 5000))].into());
+        use crate::model::causes::{Cause, Phase, WaitSum};
+        plain.causes = true;
+        plain.agg.add_waits(
+            &[((7, Op::Write, Phase::Q2g, Cause::Tag), WaitSum { waits: 1, ns: 5000 })].into(),
+            |_| "lo".into(),
+        );
         plain.recorder = RecorderGauges {
             bytes: 1,
             max_bytes: 2,

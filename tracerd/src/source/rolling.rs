@@ -80,7 +80,9 @@ impl Rolling {
     }
 
     /// The interval so far as a report; the next one begins.
-    pub fn roll(&mut self, session: &Session, hist: Option<Stage>) -> Result<Report> {
+    pub fn roll(&mut self, session: &mut Session, hist: Option<Stage>) -> Result<Report> {
+        let waits = session.take_waits();
+        self.agg.add_waits(&waits, |d| session.topo.name_of(d));
         let now = session.lost()?;
         let lost = Lost { series_limit: self.agg.over_limit, ..now.since(&self.base) };
         let elapsed = self.started.elapsed().as_secs_f64();

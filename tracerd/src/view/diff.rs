@@ -21,7 +21,8 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::{
-    model::capture::{Capture, DeviceCapture, Hist},
+    model::capture::{Capture, DeviceCapture, Hist, OpCapture},
+    model::causes,
     model::op::Op,
     model::stage::Stage,
     units,
@@ -76,6 +77,21 @@ pub struct OpDiff {
     pub requests_a: u64,
     pub requests_b: u64,
     pub stages: Vec<StageDiff>,
+    /// Waits by phase and cause in either capture (config `causes`), per IO.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub waits: Vec<WaitDiff>,
+}
+
+/// One phase and cause's waits in both captures: time per request, and share of Q2C time.
+#[derive(Debug, Serialize)]
+pub struct WaitDiff {
+    pub phase: causes::Phase,
+    pub cause: causes::Cause,
+    pub per_request_a_s: f64,
+    pub per_request_b_s: f64,
+    pub change_pct: Option<f64>,
+    pub share_of_q2c_a: f64,
+    pub share_of_q2c_b: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -313,6 +329,21 @@ impl Diff {
                         let _ = writeln!(out, "{row}");
                     }
                 }
+                if !op.waits.is_empty() {
+                    let _ = writeln!(out, "  waits per request, by cause (share of Q2C time):");
+                    for w in &op.waits {
+                        let cell = |s: f64, share: f64| format!("{} ({:.0}%)", t(s), 100.0 * share);
+                        let _ = writeln!(
+                            out,
+                            "  {:<6} {:<13} {:>16} {:>16} {:>10}",
+                            w.phase.name(),
+                            w.cause.name(),
+                            cell(w.per_request_a_s, w.share_of_q2c_a),
+                            cell(w.per_request_b_s, w.share_of_q2c_b),
+                            change(w.change_pct)
+                        );
+                    }
+                }
             }
         }
         for (name, list) in [("A", &self.only_in_a), ("B", &self.only_in_b)] {
@@ -339,6 +370,35 @@ impl Diff {
     }
 }
 
+/// The waits of either capture, by phase and cause, each per request and as a share of the
+/// requests' Q2C time; most time per request in B first.
+fn compare_waits(a: &OpCapture, b: &OpCapture) -> Vec<WaitDiff> {
+    let keys: std::collections::BTreeSet<_> =
+        a.waits.iter().chain(&b.waits).map(|w| (w.phase, w.cause)).collect();
+    let side = |o: &OpCapture, key| {
+        let ns = o.waits.iter().find(|w| (w.phase, w.cause) == key).map_or(0, |w| w.wait_ns) as f64;
+        let q2c = o.stages.get(&Stage::Q2c).map_or(0, |h| h.sum_ns) as f64;
+        (ns / 1e9 / o.requests.max(1) as f64, if q2c > 0.0 { ns / q2c } else { 0.0 })
+    };
+    let mut out: Vec<WaitDiff> = keys
+        .into_iter()
+        .map(|key| {
+            let ((per_a, share_a), (per_b, share_b)) = (side(a, key), side(b, key));
+            WaitDiff {
+                phase: key.0,
+                cause: key.1,
+                per_request_a_s: per_a,
+                per_request_b_s: per_b,
+                change_pct: pct(per_a, per_b),
+                share_of_q2c_a: share_a,
+                share_of_q2c_b: share_b,
+            }
+        })
+        .collect();
+    out.sort_by(|x, y| y.per_request_b_s.total_cmp(&x.per_request_b_s));
+    out
+}
+
 fn compare_device(
     da: &DeviceCapture,
     db: &DeviceCapture,
@@ -362,7 +422,8 @@ fn compare_device(
         for &stage in ob.stages.keys().filter(|s| !oa.stages.contains_key(s)) {
             only_in_b.push(missing(oa.op, Some(stage)));
         }
-        ops.push(OpDiff { op: oa.op, requests_a: oa.requests, requests_b: ob.requests, stages });
+        let waits = compare_waits(oa, ob);
+        ops.push(OpDiff { op: oa.op, requests_a: oa.requests, requests_b: ob.requests, stages, waits });
     }
     for ob in db.ops.iter().filter(|ob| !da.ops.iter().any(|oa| oa.op == ob.op)) {
         only_in_b.push(missing(ob.op, None));
@@ -412,6 +473,7 @@ mod tests {
                 queue_depth: None,
                 layers: vec![],
                 qos_wait: BTreeMap::new(),
+                waits: vec![],
             };
             match out.iter_mut().find(|d| d.device == *device) {
                 Some(d) => d.ops.push(op),
@@ -449,6 +511,38 @@ mod tests {
 
     fn verdicts(d: &Diff) -> Vec<(&'static str, Verdict)> {
         d.devices[0].ops[0].stages[0].quantiles.iter().map(|q| (q.name, q.verdict)).collect()
+    }
+
+    #[test]
+    fn waits_are_compared_per_request_and_as_shares_of_q2c() {
+        use crate::model::capture::WaitCapture;
+        use causes::{Cause, Phase};
+        let (mut a, mut b) = (one(Stage::Q2c, vec![100_000; 100]), one(Stage::Q2c, vec![200_000; 100]));
+        let wait = |cause, waits, wait_ns| WaitCapture { phase: Phase::Q2g, cause, waits, wait_ns };
+        a.devices[0].ops[0].waits = vec![wait(Cause::Cpu, 10, 1_000_000)];
+        b.devices[0].ops[0].waits = vec![wait(Cause::Cpu, 10, 1_000_000), wait(Cause::Tag, 100, 10_000_000)];
+        let d = Diff::compare(&a, "a.json", &b, "b.json").unwrap();
+        let w = &d.devices[0].ops[0].waits;
+        assert_eq!(
+            w.iter().map(|w| w.cause).collect::<Vec<_>>(),
+            [Cause::Tag, Cause::Cpu],
+            "most in B first"
+        );
+        // Tag: none in A; 100 us per request in B, half of its 200 us Q2C.
+        assert_eq!((w[0].per_request_a_s, w[0].change_pct), (0.0, None));
+        assert!((w[0].per_request_b_s - 100e-6).abs() < 1e-12 && (w[0].share_of_q2c_b - 0.5).abs() < 1e-9);
+        // CPU: 10 us per request in both, 10 % of A's Q2C and 5 % of B's.
+        assert_eq!(w[1].change_pct, Some(0.0));
+        assert!((w[1].share_of_q2c_a - 0.1).abs() < 1e-9 && (w[1].share_of_q2c_b - 0.05).abs() < 1e-9);
+        let text = d.render_text();
+        assert!(text.contains("waits per request, by cause"), "{text}");
+        let tag = text.lines().find(|l| l.contains(" tag ")).unwrap();
+        assert!(tag.contains("0ns (0%)") && tag.contains("(50%)"), "{tag}");
+        // Without waits in either, no such lines.
+        let plain =
+            Diff::compare(&one(Stage::Q2c, vec![1000; 100]), "a", &one(Stage::Q2c, vec![1000; 100]), "b")
+                .unwrap();
+        assert!(!plain.render_text().contains("waits"));
     }
 
     #[test]

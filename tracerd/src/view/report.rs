@@ -10,6 +10,7 @@ use crate::{
     kernel::hooks::HookStatus,
     model::aggregate::{StageHist, Stages},
     model::capture,
+    model::causes,
     model::cgroups::LabelForm,
     model::layers::Phase,
     model::op::Op,
@@ -132,6 +133,25 @@ pub struct OpReport {
     /// rq-qos waits inside Q2G, by policy (`wbt`, `iocost`, ...; config `rq_qos`).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub qos_wait: BTreeMap<String, StageSummary>,
+    /// Submitters' waits inside these IOs' phases, by phase and cause, most time first (config
+    /// `causes`; absent without).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub waits: Vec<WaitReport>,
+    /// The IOs' Q2C time (all of it added up) that no wait explains; with `waits` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unexplained_s: Option<f64>,
+}
+
+/// Waits of one phase and cause (docs/guide/causes.md).
+#[derive(Debug, Serialize)]
+pub struct WaitReport {
+    pub phase: causes::Phase,
+    pub cause: causes::Cause,
+    pub waits: u64,
+    /// Their off-CPU time, added up.
+    pub wait_s: f64,
+    /// That time over the IOs' Q2C time added up (0 to 1).
+    pub share_of_q2c: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -247,6 +267,37 @@ mod tests {
         let json: serde_json::Value = serde_json::to_value(&r).unwrap();
         assert_eq!(json["devices"][0]["ops"][0]["stages"]["g2d"]["count"], 3);
         assert_eq!(json["lost"]["ringbuf_full"], 0);
+    }
+
+    #[test]
+    fn waits_are_shares_of_the_q2c_time_with_the_rest_unexplained() {
+        use crate::model::causes::{Cause, Phase as WaitPhase, WaitSum};
+        let mut agg = agg();
+        let waits = [
+            ((7, Op::Read, WaitPhase::Q2g, Cause::Cpu), WaitSum { waits: 1, ns: 6_000 }),
+            ((7, Op::Read, WaitPhase::Q2g, Cause::Tag), WaitSum { waits: 2, ns: 30_000 }),
+        ];
+        agg.add_waits(&waits.into(), |_| "loop0".into());
+        let r = Report::build(&agg, &Topology::default(), &Lost::default(), &[], "6.18", 2.0);
+        let op = &r.devices[0].ops[0];
+        // Q2C: 12, 22 and 32 us, 66 us in all.
+        assert_eq!(
+            op.waits.iter().map(|w| w.cause).collect::<Vec<_>>(),
+            [Cause::Tag, Cause::Cpu],
+            "most first"
+        );
+        assert!((op.waits[0].share_of_q2c - 30.0 / 66.0).abs() < 1e-12);
+        assert!((op.unexplained_s.unwrap() - 30e-6).abs() < 1e-15);
+        let text = r.render_text();
+        let row = |cause: &str| {
+            text.lines().find(|l| l.contains(cause)).unwrap_or_else(|| panic!("{text}")).to_owned()
+        };
+        assert!(row(" tag ").contains("45.5%"), "{text}");
+        assert!(row("unexplained").contains("45.5%"), "{text}");
+        assert!(row(" cpu ").contains("9.1%"), "{text}");
+        // Without causes, no section.
+        let plain = Report::build(&self::agg(), &Topology::default(), &Lost::default(), &[], "6.18", 2.0);
+        assert!(plain.devices[0].ops[0].unexplained_s.is_none() && !plain.render_text().contains("waits"));
     }
 
     /// md0 (raid1) over ram0 and ram1, one write.

@@ -3,7 +3,12 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use crate::model::{aggregate::Lost, op::Op, stage::Stage};
+use crate::model::{
+    aggregate::Lost,
+    causes::{Cause, Phase, WaitSum, WaitTotals},
+    op::Op,
+    stage::Stage,
+};
 
 use super::frame::{Buckets, Decoded, LayerFrame, SeriesFrame};
 
@@ -14,11 +19,14 @@ fn op_code(op: Op) -> u8 {
     OPS.iter().position(|&o| o == op).unwrap_or(OPS.len() - 1) as u8
 }
 
-/// A frame's bytes: its series, the events lost in it, and its per-cgroup series.
+/// A frame's bytes: its series, the events lost in it, its per-cgroup series, and its waits
+/// by cause where it has any (a section frames written before causes were counted lack, so
+/// they still decode).
 pub(super) fn encode(
     series: &HashMap<(u32, Op), SeriesFrame>,
     lost: &Lost,
     cgroups: &HashMap<(u32, Op, Arc<str>), SeriesFrame>,
+    waits: &WaitTotals,
 ) -> Vec<u8> {
     let mut keys: Vec<(u32, Op)> = series.keys().copied().collect();
     keys.sort_unstable();
@@ -42,7 +50,22 @@ pub(super) fn encode(
         w.extend_from_slice(key.2.as_bytes());
         encode_series(&mut w, (key.0, key.1), &cgroups[key]);
     }
+    if !waits.is_empty() {
+        varint(&mut w, waits.len() as u64);
+        for (&(dev, op, phase, cause), sum) in waits {
+            varint(&mut w, dev as u64);
+            w.push(op_code(op));
+            w.push(code_of(&Phase::ALL, phase));
+            w.push(code_of(&Cause::ALL, cause));
+            varint(&mut w, sum.waits);
+            varint(&mut w, sum.ns);
+        }
+    }
     w
+}
+
+fn code_of<T: PartialEq>(all: &[T], v: T) -> u8 {
+    all.iter().position(|x| *x == v).unwrap_or(0) as u8
 }
 
 /// What `encode` wrote, or the byte where the bytes stop making sense.
@@ -66,6 +89,16 @@ pub(super) fn decode(data: &[u8]) -> Result<Decoded, usize> {
         let label = r.bytes(len).and_then(|b| String::from_utf8(b.to_vec()).ok()).ok_or(r.at)?;
         let ((dev, op), series) = decode_series(&mut r).ok_or(r.at)?;
         out.cgroups.push(((dev, op, label), series));
+    }
+    if r.at != data.len() {
+        // Written only with waits in it: an empty section is damage.
+        let n = r.varint().filter(|&n| n > 0).ok_or(r.at)?;
+        for _ in 0..n {
+            let wait = decode_wait(&mut r).ok_or(r.at)?;
+            if out.waits.insert(wait.0, wait.1).is_some() {
+                return Err(r.at);
+            }
+        }
     }
     if r.at != data.len() {
         return Err(r.at);
@@ -180,6 +213,16 @@ impl Reader<'_> {
         }
         Some(b)
     }
+}
+
+type WaitKey = (u32, Op, Phase, Cause);
+
+fn decode_wait(r: &mut Reader) -> Option<(WaitKey, WaitSum)> {
+    let dev = u32::try_from(r.varint()?).ok()?;
+    let op = *OPS.get(r.byte()? as usize)?;
+    let phase = *Phase::ALL.get(r.byte()? as usize)?;
+    let cause = *Cause::ALL.get(r.byte()? as usize)?;
+    Some(((dev, op, phase, cause), WaitSum { waits: r.varint()?, ns: r.varint()? }))
 }
 
 fn decode_series(r: &mut Reader) -> Option<((u32, Op), SeriesFrame)> {

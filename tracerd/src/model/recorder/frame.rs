@@ -11,6 +11,7 @@ use tracer_common::{IoRecord, SeriesAgg, agg, own};
 
 use crate::model::{
     aggregate::{LayerStats, Lost, OpStats, PATHS, QD_BUCKETS, StageHist},
+    causes::WaitTotals,
     layers::{LayerSplit, Phase},
     op::Op,
     series::{KernelSeries, Series},
@@ -213,6 +214,8 @@ pub struct FrameBuilder {
     series: HashMap<(u32, Op), SeriesFrame>,
     /// Per-cgroup series (an agent with `[cgroups] label`), by the label they were counted under.
     cgroups: HashMap<(u32, Op, Arc<str>), SeriesFrame>,
+    /// Waits inside IOs' phases (config `causes`), per (device, op, phase, cause).
+    waits: WaitTotals,
 }
 
 impl FrameBuilder {
@@ -238,6 +241,13 @@ impl FrameBuilder {
         }
     }
 
+    /// Waits counted per (device, op, phase, cause).
+    pub fn add_waits(&mut self, waits: &WaitTotals) {
+        for (&key, &sum) in waits {
+            self.waits.entry(key).or_default().add(sum);
+        }
+    }
+
     /// Devices with IO in the frame being filled (lower devices of stacks included).
     pub fn devices(&self) -> impl Iterator<Item = u32> + '_ {
         self.series.iter().flat_map(|(&(dev, _), s)| std::iter::once(dev).chain(s.layers.keys().copied()))
@@ -245,9 +255,10 @@ impl FrameBuilder {
 
     /// Ends the frame `[start_ms, end_ms)` with the events lost in it.
     pub fn seal(&mut self, start_ms: u64, end_ms: u64, lost: &Lost) -> Frame {
-        let w = codec::encode(&self.series, lost, &self.cgroups);
+        let w = codec::encode(&self.series, lost, &self.cgroups, &self.waits);
         self.series.clear();
         self.cgroups.clear();
+        self.waits.clear();
         Frame { start_ms, end_ms, data: w.into() }
     }
 }
@@ -268,6 +279,8 @@ pub struct Decoded {
     pub lost: Lost,
     /// Per-cgroup series: ((device, op, cgroup label), series).
     pub cgroups: Vec<((u32, Op, String), SeriesFrame)>,
+    /// Waits inside IOs' phases (config `causes`); none in a frame of an agent without them.
+    pub waits: WaitTotals,
 }
 
 /// A frame that does not decode: a bug, reported instead of a wrong answer.
@@ -356,16 +369,51 @@ mod tests {
         let mut counted = SeriesAgg::default();
         counted.add_record(&request(0, 1_000_000, 3_000_000_000, 65536, 7), &[]);
         b.add_kernel(2, Op::Write, &counted);
+        // Waits by cause (config `causes`), added twice.
+        use crate::model::causes::{Cause, Phase as WaitPhase, WaitSum};
+        let waits: crate::model::causes::WaitTotals = [
+            ((3, Op::Write, WaitPhase::Q2g, Cause::Tag), WaitSum { waits: 4, ns: 90_000 }),
+            ((9, Op::Write, WaitPhase::Submit, Cause::MdSuperblock), WaitSum { waits: 1, ns: 1_200_000 }),
+        ]
+        .into();
+        b.add_waits(&waits);
+        b.add_waits(&waits);
         let expected: BTreeMap<(u32, Op), SeriesFrame> = b.series.clone().into_iter().collect();
         let lost = Lost { stale_bio: 3, kernel: [0, 0, 0, 0, 0, 2, 0, 0], ..Default::default() };
         let frame = b.seal(1_000, 2_000, &lost);
-        assert!(b.series.is_empty(), "sealing starts a new frame");
+        assert!(b.series.is_empty() && b.waits.is_empty(), "sealing starts a new frame");
         let d = frame.decode().unwrap();
+        assert_eq!(d.waits.len(), 2);
+        assert_eq!(d.waits[&(3, Op::Write, WaitPhase::Q2g, Cause::Tag)], WaitSum { waits: 8, ns: 180_000 });
+        let w = Window { frames: vec![frame.clone()], ..Default::default() };
+        let (agg, _) = w.aggregate().unwrap();
+        assert_eq!(
+            agg.series[&(9, Op::Write)].waits[&(WaitPhase::Submit, Cause::MdSuperblock)],
+            WaitSum { waits: 2, ns: 2_400_000 }
+        );
         assert_eq!(expected[&(7, Op::Write)].own, [1, 2, 0, 0, 0]);
         assert_eq!(d.series.into_iter().collect::<BTreeMap<_, _>>(), expected);
         assert_eq!(d.lost, lost);
         // Bytes: 5 series of up to 8 stages in a few hundred bytes, not kilobytes.
         assert!(frame.data.len() < 800, "{} bytes", frame.data.len());
+    }
+
+    #[test]
+    fn a_frame_without_waits_has_no_wait_section_and_a_bad_one_is_damage() {
+        use crate::model::causes::{Cause, Phase as WaitPhase, WaitSum};
+        let mut b = FrameBuilder::default();
+        b.add_record(1, Op::Read, &request(1000, 5000, 50_000, 4096, 3), &[]);
+        let plain = b.seal(0, 1000, &Lost::default());
+        assert!(plain.decode().unwrap().waits.is_empty());
+        b.add_record(1, Op::Read, &request(1000, 5000, 50_000, 4096, 3), &[]);
+        b.add_waits(&[((1, Op::Read, WaitPhase::Q2g, Cause::Tag), WaitSum { waits: 1, ns: 10 })].into());
+        let with = b.seal(0, 1000, &Lost::default());
+        assert_eq!(&with.data[..plain.data.len()], &plain.data[..], "the section only follows");
+        // A cause this version does not know is damage, not a guess.
+        let mut bad = with.data.to_vec();
+        let at = plain.data.len() + 3;
+        bad[at] = Cause::ALL.len() as u8;
+        assert!(Frame { data: bad.into(), ..with }.decode().is_err());
     }
 
     #[test]

@@ -23,6 +23,7 @@ impl OpReport {
         hist: Option<Stage>,
         name: impl Fn(u32) -> String,
     ) -> OpReport {
+        let (waits, unexplained_s) = waits(s);
         let mut stages = summaries(&s.stages);
         if let Some((summary, h)) = hist.and_then(|st| Some((stages.get_mut(&st)?, s.stage(st)?))) {
             summary.log2_buckets = Some(histogram::buckets(&h.hist));
@@ -71,8 +72,33 @@ impl OpReport {
                 .filter_map(|(k, h)| Some((k, StageSummary::of(h.as_deref()?))))
                 .collect(),
             qos_wait: s.qos.iter().map(|(&p, h)| (stage::qos_name(p), StageSummary::of(h))).collect(),
+            waits,
+            unexplained_s,
         }
     }
+}
+
+/// The series' waits, most time first, each with its share of the IOs' Q2C time, and the Q2C
+/// time they leave unexplained.
+fn waits(s: &OpStats) -> (Vec<WaitReport>, Option<f64>) {
+    if s.waits.is_empty() {
+        return (Vec::new(), None);
+    }
+    let q2c_ns = s.stage(Stage::Q2c).map_or(0, |h| h.sum_ns);
+    let mut out: Vec<WaitReport> = s
+        .waits
+        .iter()
+        .map(|(&(phase, cause), sum)| WaitReport {
+            phase,
+            cause,
+            waits: sum.waits,
+            wait_s: sum.ns as f64 / 1e9,
+            share_of_q2c: if q2c_ns == 0 { 0.0 } else { sum.ns as f64 / q2c_ns as f64 },
+        })
+        .collect();
+    out.sort_by(|a, b| b.wait_s.total_cmp(&a.wait_s).then((a.phase, a.cause).cmp(&(b.phase, b.cause))));
+    let waited: u64 = s.waits.values().map(|w| w.ns).sum();
+    (out, Some(q2c_ns.saturating_sub(waited) as f64 / 1e9))
 }
 
 impl Report {

@@ -310,6 +310,45 @@ impl Report {
     }
 }
 
+/// The waits by cause, with the Q2C time none explains.
+fn render_waits(out: &mut String, op: &OpReport, style: Style) {
+    let Some(unexplained_s) = op.unexplained_s else { return };
+    let _ = writeln!(out, "  waits inside these IOs' phases, by cause (share of their Q2C time added up):");
+    let share = |s: f64| format!("{:.1}%", 100.0 * s);
+    let q2c_s: f64 = unexplained_s + op.waits.iter().map(|w| w.wait_s).sum::<f64>();
+    let mut rows: Vec<Vec<String>> = op
+        .waits
+        .iter()
+        .map(|w| {
+            vec![
+                w.phase.name().to_owned(),
+                w.cause.name().to_owned(),
+                w.waits.to_string(),
+                t(w.wait_s),
+                t(w.wait_s / w.waits.max(1) as f64),
+                share(w.share_of_q2c),
+            ]
+        })
+        .collect();
+    let rest = if q2c_s > 0.0 { unexplained_s / q2c_s } else { 0.0 };
+    rows.push(vec![
+        String::new(),
+        "unexplained".into(),
+        String::new(),
+        t(unexplained_s),
+        String::new(),
+        share(rest),
+    ]);
+    let right = (Align::Right, 9);
+    write_table(
+        out,
+        style,
+        &[(Align::Left, 6), (Align::Left, 13), right, right, right, (Align::Right, 7)],
+        &["phase", "cause", "waits", "time", "mean", "share"],
+        &rows,
+    );
+}
+
 /// Seconds in the tables' units.
 fn t(secs: f64) -> String {
     units::duration_ns(secs * 1e9)
@@ -383,6 +422,7 @@ fn render_op(out: &mut String, device: &str, op: &OpReport, style: Style) {
             &rows,
         );
     }
+    render_waits(out, op, style);
     for (policy, s) in &op.qos_wait {
         let _ = writeln!(
             out,
