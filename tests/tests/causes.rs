@@ -5,7 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
-use tracerd_tests::{LoopDevice, Tracerd, Workload, eventually, require_root, strip_escapes};
+use tracerd_tests::{
+    LoopDevice, TempDir, Tracerd, Workload, eventually, require_root, strip_escapes, tracerd_output,
+};
 
 /// Lets `dev` give out only `n` requests at once (its tags; 4 is the block layer's least).
 fn set_nr_requests(dev: &LoopDevice, n: u32) {
@@ -209,4 +211,83 @@ fn the_agent_counts_every_tag_wait_by_device_op_phase_and_cause() {
     let q2g = m.get("tracerd_io_stage_seconds_sum", &[on(&few)[0], on(&few)[1], ("stage", "q2g")]);
     assert!(slept > 0.0 && slept <= q2g, "waits {slept} s against Q2G {q2g} s");
     assert_eq!(m.sum("tracerd_io_waits_total", &[("device", many.name.as_str())]), 0.0, "128 tags: no wait");
+
+    // The recorder keeps them too: a window of the past names the same waits the metric counts.
+    let socket = agent.socket.clone().expect("the agent's socket");
+    let mut report = Value::Null;
+    let counted = eventually(|| {
+        let (status, out, _) =
+            tracerd_output(&["report", "--json", "--since", "5m", "--socket", socket.to_str().unwrap()]);
+        report = serde_json::from_str(&out).unwrap_or(Value::Null);
+        let waits = agent.metrics().get("tracerd_io_waits_total", &tag);
+        status.success()
+            && wait_of(&report, &few.name, "q2g", "tag").is_some_and(|w| ns(&w["waits"]) as f64 == waits)
+    });
+    assert!(counted, "the recorder's window does not hold the waits the metric counts:\n{report}");
+    assert!(wait_of(&report, &many.name, "q2g", "tag").is_none(), "128 tags: no wait in the window");
+}
+
+/// The waits of phase and cause in `report`'s write op of `device`.
+fn wait_of<'a>(report: &'a Value, device: &str, phase: &str, cause: &str) -> Option<&'a Value> {
+    let dev = report["devices"].as_array()?.iter().find(|d| d["device"] == device)?;
+    let op = dev["ops"].as_array()?.iter().find(|o| o["op"] == "write")?;
+    op["waits"].as_array()?.iter().find(|w| w["phase"] == phase && w["cause"] == cause)
+}
+
+/// `report --causes --save FILE` on `dev` while `w` runs on it: the report as JSON.
+fn report_causes(dev: &LoopDevice, file: &str, w: Workload) -> Value {
+    let args = ["report", "--json", "--causes", "--duration", "600", "--device", &dev.name, "--save", file];
+    let mut report = Tracerd::spawn(&args);
+    w.run(dev);
+    assert!(report.stop(libc::SIGINT).success(), "report failed:\n{}", report.stderr_text());
+    let out = report.stdout_text();
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("report --json is not JSON ({e}):\n{out}"))
+}
+
+#[test]
+fn report_capture_and_diff_show_the_tag_waits_that_fewer_tags_add() {
+    require_root();
+    let dev = LoopDevice::new(64);
+    let dir = TempDir::new();
+    let (a, b) = (dir.file("tags128.json"), dir.file("tags4.json"));
+    let w = Workload { write: true, count: 1500, size: 4096, qd: 32 };
+    let default_tags = report_causes(&dev, &a, w);
+    set_nr_requests(&dev, 4);
+    let few_tags = report_causes(&dev, &b, w);
+    assert!(wait_of(&default_tags, &dev.name, "q2g", "tag").is_none(), "128 tags: no wait:\n{default_tags}");
+    let tag =
+        wait_of(&few_tags, &dev.name, "q2g", "tag").unwrap_or_else(|| panic!("no tag waits:\n{few_tags}"));
+    assert!(ns(&tag["waits"]) >= 100, "32 IOs in flight for 4 tags, and only {tag}");
+
+    // The waits and what none explains add up to the IOs' Q2C time.
+    let op = few_tags["devices"][0]["ops"].as_array().unwrap().iter().find(|o| o["op"] == "write").unwrap();
+    let q2c = &op["stages"]["q2c"];
+    let q2c_s = q2c["mean_s"].as_f64().unwrap() * q2c["count"].as_f64().unwrap();
+    let waited: f64 = op["waits"].as_array().unwrap().iter().map(|w| w["wait_s"].as_f64().unwrap()).sum();
+    let unexplained = op["unexplained_s"].as_f64().expect("unexplained_s beside the waits");
+    assert!(
+        (waited + unexplained - q2c_s).abs() <= q2c_s * 1e-6,
+        "{waited} + {unexplained} against Q2C {q2c_s}"
+    );
+    let share = tag["share_of_q2c"].as_f64().unwrap();
+    assert!(share > 0.0 && share <= 1.0, "share {share}");
+
+    // The capture keeps them, and the diff names the cause that came with fewer tags.
+    let saved: Value = serde_json::from_str(&std::fs::read_to_string(&b).unwrap()).unwrap();
+    let saved_op =
+        &saved["devices"][0]["ops"].as_array().unwrap().iter().find(|o| o["op"] == "write").unwrap();
+    let saved_tag = saved_op["waits"].as_array().unwrap().iter().find(|w| w["cause"] == "tag").unwrap();
+    assert_eq!(saved_tag["waits"], tag["waits"]);
+    assert_eq!(ns(&saved_tag["wait_ns"]) as f64 / 1e9, tag["wait_s"].as_f64().unwrap());
+    let (status, out, err) = tracerd_output(&["diff", &a, &b, "--json"]);
+    assert!(status.success(), "diff failed: {err}");
+    let diff: Value = serde_json::from_str(&out).unwrap();
+    let op = diff["devices"][0]["ops"].as_array().unwrap().iter().find(|o| o["op"] == "write").unwrap();
+    let d =
+        op["waits"].as_array().unwrap().iter().find(|w| w["cause"] == "tag").expect("tag waits in the diff");
+    assert_eq!(d["per_request_a_s"], 0.0);
+    let per_request = tag["wait_s"].as_f64().unwrap() / 1500.0;
+    assert!((d["per_request_b_s"].as_f64().unwrap() - per_request).abs() <= per_request * 1e-9, "{d}");
+    let (_, text, _) = tracerd_output(&["diff", &a, &b]);
+    assert!(text.contains("waits per request, by cause"), "{text}");
 }
