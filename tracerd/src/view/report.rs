@@ -300,6 +300,35 @@ mod tests {
         assert!(plain.devices[0].ops[0].unexplained_s.is_none() && !plain.render_text().contains("waits"));
     }
 
+    #[test]
+    fn slowest_ios_name_their_main_cause_where_they_have_causes() {
+        use crate::model::slowest::{SlowIo, SlowMinute};
+        let slow = |took_ns: u64, causes: &str| {
+            SlowIo {
+            took_ns,
+            io: serde_json::value::RawValue::from_string(format!(
+                r#"{{"comm":"fio","pid":7,"op":"write","bytes":4096,"sector":8,"path":"QGDC","stages_ns":{{"q2d":1000,"d2c":2000}}{causes}}}"#
+            ))
+            .unwrap(),
+        }
+        };
+        let mut r = Report::build(&agg(), &Topology::default(), &Lost::default(), &[], "6.18", 2.0);
+        let minute = |ios| SlowMinute { device: "loop0".into(), minute_unix_s: 1_700_000_040, ios };
+        r.slowest = vec![minute(vec![slow(900_000, "")])];
+        assert!(!r.render_text().contains("main cause"), "no causes, no column");
+        r.slowest = vec![minute(vec![
+            slow(900_000, r#","causes_ns":{"tag":412000,"cpu":3000}"#),
+            slow(800_000, r#","causes_ns":{}"#),
+        ])];
+        let text = r.render_text();
+        let line = |took: &str| {
+            text.lines().find(|l| l.contains(took)).unwrap_or_else(|| panic!("{text}")).to_owned()
+        };
+        assert!(text.contains("main cause"), "{text}");
+        assert!(line("900.0µs").trim_end().ends_with("tag 412.0µs"), "{text}");
+        assert!(line("800.0µs").trim_end().ends_with('-'), "{text}");
+    }
+
     /// md0 (raid1) over ram0 and ram1, one write.
     fn stacked() -> (Aggregator, Topology) {
         use crate::model::layers::LayerSplit;

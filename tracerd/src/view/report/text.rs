@@ -111,16 +111,18 @@ impl Report {
                 crate::model::slowest::PER_MINUTE
             );
             let _ = writeln!(out, "\n{}", style.bold(&title));
-            let rows: Vec<Vec<String>> = ios
+            let shown: Vec<_> =
+                ios.iter().take(SLOWEST_SHOWN).map(|(minute, s)| (minute, s, s.io())).collect();
+            // With causes (config `causes`): the cause that took most of each IO's time.
+            let with_causes = shown.iter().any(|(_, _, v)| v["causes_ns"].is_object());
+            let rows: Vec<Vec<String>> = shown
                 .iter()
-                .take(SLOWEST_SHOWN)
-                .map(|(minute, s)| {
-                    let v = &s.io();
+                .map(|(minute, s, v)| {
                     let ns = |stage: &str| {
                         v["stages_ns"][stage].as_u64().map_or("-".into(), |n| t(n as f64 / 1e9))
                     };
                     vec![
-                        units::rfc3339(*minute as f64)[11..16].to_owned(),
+                        units::rfc3339(**minute as f64)[11..16].to_owned(),
                         v["comm"].as_str().unwrap_or("?").to_owned(),
                         v["pid"].to_string(),
                         v["op"].as_str().unwrap_or("?").to_owned(),
@@ -131,27 +133,31 @@ impl Report {
                         ns("d2c"),
                         t(s.took_ns as f64 / 1e9),
                     ]
+                    .into_iter()
+                    .chain(with_causes.then(|| main_cause(v)))
+                    .collect()
                 })
                 .collect();
             let time = (Align::Right, 9);
-            write_table(
-                out,
-                style,
-                &[
-                    (Align::Left, 6),
-                    (Align::Left, 15),
-                    (Align::Right, 7),
-                    (Align::Left, 5),
-                    (Align::Right, 7),
-                    (Align::Right, 10),
-                    (Align::Left, 5),
-                    time,
-                    time,
-                    time,
-                ],
-                &["minute", "comm", "pid", "op", "bytes", "sector", "path", "Q2D", "D2C", "took"],
-                &rows,
-            );
+            let mut columns = vec![
+                (Align::Left, 6),
+                (Align::Left, 15),
+                (Align::Right, 7),
+                (Align::Left, 5),
+                (Align::Right, 7),
+                (Align::Right, 10),
+                (Align::Left, 5),
+                time,
+                time,
+                time,
+            ];
+            let mut header =
+                vec!["minute", "comm", "pid", "op", "bytes", "sector", "path", "Q2D", "D2C", "took"];
+            if with_causes {
+                columns.push((Align::Left, 20));
+                header.push("main cause");
+            }
+            write_table(out, style, &columns, &header, &rows);
         }
     }
 
@@ -347,6 +353,16 @@ fn render_waits(out: &mut String, op: &OpReport, style: Style) {
         &["phase", "cause", "waits", "time", "mean", "share"],
         &rows,
     );
+}
+
+/// The cause that took most of a slow IO's time (its `causes_ns`), with that time; `-` where
+/// none did.
+fn main_cause(io: &serde_json::Value) -> String {
+    let causes = io["causes_ns"].as_object().into_iter().flatten();
+    causes
+        .filter_map(|(cause, ns)| Some((ns.as_u64()?, cause)))
+        .max()
+        .map_or_else(|| "-".to_owned(), |(ns, cause)| format!("{cause} {}", t(ns as f64 / 1e9)))
 }
 
 /// Seconds in the tables' units.
