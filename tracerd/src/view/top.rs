@@ -34,11 +34,13 @@ enum Sort {
     Iops,
     Bytes,
     QueueDepth,
+    /// The share of Q2C time its submitters waited (config `causes`).
+    Waited,
     Name,
 }
 
-const SORTS: [Sort; 6] =
-    [Sort::Q2cP99, Sort::StageP99, Sort::Iops, Sort::Bytes, Sort::QueueDepth, Sort::Name];
+const SORTS: [Sort; 7] =
+    [Sort::Q2cP99, Sort::StageP99, Sort::Iops, Sort::Bytes, Sort::QueueDepth, Sort::Waited, Sort::Name];
 
 /// The view's state: what is shown and how.
 pub struct View {
@@ -55,6 +57,8 @@ pub struct View {
     pub report: Option<Report>,
     /// A row per device, op and cgroup (`c`).
     pub by_cgroup: bool,
+    /// The main wait cause and its share in place of the percentile columns (`w`).
+    waits: bool,
 }
 
 /// One row: a device and op, `depth` levels under the device stacked on it.
@@ -72,6 +76,10 @@ struct RowData {
     p50_s: Option<f64>,
     p99_s: Option<f64>,
     q2c_p99_s: Option<f64>,
+    /// Of the Q2C time, the share waits explain, and the cause with the most and its share
+    /// (config `causes`).
+    waited: Option<f64>,
+    main_wait: Option<(&'static str, f64)>,
 }
 
 impl RowData {
@@ -88,6 +96,8 @@ impl RowData {
             p50_s: op.stages.get(&stage).map(|s| s.p50_s),
             p99_s: op.stages.get(&stage).map(|s| s.p99_s),
             q2c_p99_s: op.stages.get(&Stage::Q2c).map(|s| s.p99_s),
+            waited: op.unexplained_s.map(|_| op.waits.iter().map(|w| w.share_of_q2c).sum()),
+            main_wait: op.waits.first().map(|w| (w.cause.name(), w.share_of_q2c)),
         }
     }
 
@@ -99,6 +109,7 @@ impl RowData {
             Sort::Iops => self.iops,
             Sort::Bytes => self.bytes_per_second,
             Sort::QueueDepth => self.queue_depth.unwrap_or(-1.0),
+            Sort::Waited => self.waited.unwrap_or(-1.0),
             Sort::Name => 0.0,
         }
     }
@@ -118,6 +129,7 @@ impl View {
             source: String::new(),
             report: None,
             by_cgroup: false,
+            waits: false,
         }
     }
 
@@ -128,6 +140,7 @@ impl View {
             Sort::Iops => "IOPS".into(),
             Sort::Bytes => "bytes/s".into(),
             Sort::QueueDepth => "queue depth".into(),
+            Sort::Waited => "waited share".into(),
             Sort::Name => "name".into(),
         }
     }
@@ -238,6 +251,7 @@ impl View {
             KeyCode::Char(c @ '0'..='7') => self.stage = STAGES[c as usize - '0' as usize],
             KeyCode::Char('p') | KeyCode::Char(' ') => self.paused = !self.paused,
             KeyCode::Char('c') => self.by_cgroup = !self.by_cgroup,
+            KeyCode::Char('w') => self.waits = !self.waits,
             KeyCode::Char('/') => (self.typing, self.filter) = (true, String::new()),
             KeyCode::Char('h') | KeyCode::Char('?') => self.help = true,
             _ => {}
@@ -273,7 +287,10 @@ impl View {
             title,
         );
         let stage = self.stage.as_str().to_uppercase();
-        let (p50, p99) = (format!("{stage} p50"), format!("{stage} p99"));
+        let (p50, p99) = match self.waits {
+            true => ("MAIN WAIT".to_owned(), "SHARE".to_owned()),
+            false => (format!("{stage} p50"), format!("{stage} p99")),
+        };
         // By cgroup, the cgroup takes the room of the bytes column (80 columns hold the rest).
         let names: Vec<&str> = if self.by_cgroup {
             vec!["CGROUP", "DEVICE", "OP", "IOPS", "QD", &p50, &p99, "Q2C p99"]
@@ -305,14 +322,26 @@ impl View {
                     middle[0].clone(),
                     middle[1].clone(),
                     r.queue_depth.map_or("-".into(), |q| format!("{q:.1}")),
-                    time(r.p50_s),
-                    time(r.p99_s),
+                    match self.waits {
+                        true => r.main_wait.map_or("-".into(), |(cause, _)| cause.to_owned()),
+                        false => time(r.p50_s),
+                    },
+                    match self.waits {
+                        true => r.main_wait.map_or("-".into(), |(_, share)| format!("{:.0}%", share * 100.0)),
+                        false => time(r.p99_s),
+                    },
                     time(r.q2c_p99_s),
                 ])
             })
             .collect();
-        let widths = if self.by_cgroup { [20, 8, 6, 7, 5, 9, 9, 9] } else { [16, 7, 8, 9, 5, 9, 9, 9] }
-            .map(Constraint::Length);
+        let widths = match (self.by_cgroup, self.waits) {
+            (true, false) => [20, 8, 6, 7, 5, 9, 9, 9],
+            (false, false) => [16, 7, 8, 9, 5, 9, 9, 9],
+            // The longest cause name (journal_commit) and its share.
+            (true, true) => [19, 7, 6, 7, 5, 14, 5, 9],
+            (false, true) => [15, 7, 8, 9, 5, 14, 5, 9],
+        }
+        .map(Constraint::Length);
         let empty = rows.is_empty();
         frame.render_widget(Table::new(rows, widths).header(header), table);
         if empty {
@@ -337,22 +366,23 @@ impl View {
         };
         frame.render_widget(
             Paragraph::new(Line::from(format!(
-                "{lost}  q quit  s sort  tab stage  c cgroups  / filter  p pause  h help"
+                "{lost}  q quit  s sort  tab stage  c cgroups  w waits  / filter  p pause  h help"
             )))
             .style(self.look(look)),
             footer,
         );
         if self.help {
             let text = "tracerd top: one row per device and op, a second at a time\n\n\
-                        s      sort by: Q2C p99, stage p99, IOPS, bytes/s, queue depth, name\n\
+                        s      sort by: Q2C p99, stage p99, IOPS, bytes/s, queue depth, waited, name\n\
                         tab    the stage of the two percentile columns (0: H2Q, 1-7: Q2G .. Q2C)\n\
                         c      a row per cgroup, device and op (again: per device)\n\
+                        w      the cause most Q2C time waited for, and its share (--causes)\n\
                         /      show devices whose name holds a text (Enter keeps it, Esc clears)\n\
                         p      pause (space too)\n\
                         q      quit (Esc, Ctrl-C too)\n\n\
                         Stacked devices (md, dm) are shown over the devices below them.\n\
                         any key closes this help";
-            let area = Rect { x: 1, y: 2, width: frame.area().width.saturating_sub(2).min(78), height: 13 }
+            let area = Rect { x: 1, y: 2, width: frame.area().width.saturating_sub(2).min(78), height: 14 }
                 .intersection(frame.area());
             frame.render_widget(Clear, area);
             frame.render_widget(
@@ -384,7 +414,7 @@ mod tests {
         assert!(rows.iter().any(|r| r.device == "loop0" && r.op == Op::Read.as_str()), "{rows:?}");
         assert!(!v.key(KeyCode::Char('s'), KeyModifiers::NONE));
         assert_eq!(v.sort, Sort::StageP99);
-        for _ in 0..5 {
+        for _ in 0..SORTS.len() - 1 {
             v.key(KeyCode::Char('s'), KeyModifiers::NONE);
         }
         assert_eq!(v.sort, Sort::Q2cP99, "s cycles through every sort");
@@ -436,6 +466,28 @@ mod tests {
         );
         v.key(KeyCode::Char('c'), KeyModifiers::NONE);
         assert!(v.rows().iter().all(|r| r.cgroup.is_none()), "c again: per device");
+    }
+
+    #[test]
+    fn w_shows_the_main_wait_cause_and_its_share_and_sorts_by_what_waited() {
+        use ratatui::{Terminal, backend::TestBackend};
+        // The capture's loop0 reads waited for tags, dm-0 less (`capture::tests::aggregate`).
+        let mut v = view(report());
+        let loop0 = v.rows().into_iter().find(|r| r.device == "loop0" && r.op == "read").unwrap();
+        let (cause, share) = loop0.main_wait.expect("loop0 reads waited");
+        assert_eq!(cause, "tag");
+        assert!(share > 0.0 && loop0.waited == Some(share), "{loop0:?}");
+        v.sort = Sort::Waited;
+        assert_eq!(v.rows()[0].device, "loop0", "what waited most first");
+        v.key(KeyCode::Char('w'), KeyModifiers::NONE);
+        let mut t = Terminal::new(TestBackend::new(80, 12)).unwrap();
+        t.draw(|f| v.draw(f)).unwrap();
+        let screen: String = t.backend().buffer().content().iter().map(|c| c.symbol()).collect();
+        assert!(screen.contains("MAIN WAIT") && screen.contains("tag"), "{screen}");
+        v.key(KeyCode::Char('w'), KeyModifiers::NONE);
+        t.draw(|f| v.draw(f)).unwrap();
+        let screen: String = t.backend().buffer().content().iter().map(|c| c.symbol()).collect();
+        assert!(!screen.contains("MAIN WAIT") && screen.contains("D2C p50"), "w again: percentiles");
     }
 
     #[test]
