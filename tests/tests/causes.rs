@@ -141,6 +141,13 @@ fn tag_waits_name_blk_mq_get_tag_and_the_request_whose_completion_ended_them() {
         // Causes never exceed the time they are part of.
         let explained: u64 = l["causes_ns"].as_object().into_iter().flatten().map(|(_, v)| ns(v)).sum();
         assert!(explained <= ns(&l["stages_ns"]["q2g"]), "{l}");
+        if explained > 0 {
+            assert_eq!(
+                explained + ns(&l["unexplained_ns"]),
+                ns(&l["stages_ns"]["q2c"]),
+                "the rest is unexplained: {l}"
+            );
+        }
     }
     assert!(waits >= 100, "32 IOs in flight for 4 tags: the submitter waited only {waits} times");
     assert_eq!(unseen, lost_in_text(&stderr, "wakeup_unseen"), "a sleep with no wakeup seen is counted lost");

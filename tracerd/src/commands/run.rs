@@ -107,6 +107,7 @@ pub async fn run(config: &Config, selection: Selection, mut opts: LoadOptions) -
             started_unix_s: unix_ms() as f64 / 1e3,
             aggregation: aggregation_name(aggregation).into(),
             traced_devices: session.resolved.kernel_devs.len(),
+            causes: session.tracer.causes_on(),
             skipped_hooks: session
                 .tracer
                 .hooks

@@ -95,11 +95,11 @@ pub async fn snoop(
         cgroups: CgroupNames::detect(),
         rwbs: BTreeMap::new(),
         filter,
-        text: TextWriter::default(),
+        text: TextWriter::new(session.tracer.causes_on()),
         error: None,
     };
     if !json {
-        write_header(&mut p.out, style)?;
+        write_header(&mut p.out, style, p.text.causes)?;
         p.flush();
     }
     let deadline = tokio::time::sleep(Duration::from_secs_f64(duration.unwrap_or(f64::from(u32::MAX))));
@@ -167,7 +167,7 @@ async fn snoop_from_agent(
     );
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if !json {
-        write_header(&mut out, style)?;
+        write_header(&mut out, style, status.causes)?;
         out.flush()?;
     }
     let deadline = tokio::time::sleep(Duration::from_secs_f64(duration.unwrap_or(f64::from(u32::MAX))));
@@ -175,7 +175,7 @@ async fn snoop_from_agent(
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     let mut dropped = 0u64;
-    let mut text = TextWriter::default();
+    let mut text = TextWriter::new(status.causes);
     let result: std::io::Result<()> = loop {
         let line = tokio::select! {
             l = lines.next_line() => l?,

@@ -121,6 +121,9 @@ pub struct Status {
     /// Hooks that are not attached, and why.
     pub skipped_hooks: Vec<SkippedHook>,
     pub recorder: RecorderStatus,
+    /// Whether it records waits by cause (config `causes`): its streamed lines carry them.
+    #[serde(default)]
+    pub causes: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

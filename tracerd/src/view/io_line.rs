@@ -81,9 +81,12 @@ pub struct SnoopLine<'a> {
     /// Its submitter's waits inside its phases (config `causes`), in the order they ended.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub waits: Vec<WaitLine<'a>>,
-    /// Its time by cause (`model::causes::time_by_cause`); the rest of Q2C is unexplained.
+    /// Its time by cause (`model::causes::time_by_cause`).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub causes_ns: BTreeMap<&'static str, u64>,
+    /// With `causes_ns`: the rest of its Q2C, which no cause explains.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unexplained_ns: Option<u64>,
 }
 
 /// One wait of an IO's submitter (`model::causes::Wait`), as JSON.
@@ -184,6 +187,12 @@ pub fn line<'a>(
     Stage::each_of(rec, |s, ns| {
         stages_ns.insert(s, ns);
     });
+    let causes_ns: BTreeMap<&'static str, u64> =
+        time_by_cause(io.waits).into_iter().map(|(c, ns)| (c.name(), ns)).collect();
+    let unexplained_ns = match (causes_ns.is_empty(), stages_ns.get(&Stage::Q2c)) {
+        (false, Some(q2c)) => Some(q2c.saturating_sub(causes_ns.values().sum())),
+        _ => None,
+    };
     let events_ns = [
         ("h", event::H),
         ("q", event::Q),
@@ -248,7 +257,8 @@ pub fn line<'a>(
             })
             .collect(),
         waits: io.waits.iter().map(|w| WaitLine::of(w, topo)).collect(),
-        causes_ns: time_by_cause(io.waits).into_iter().map(|(c, ns)| (c.name(), ns)).collect(),
+        causes_ns,
+        unexplained_ns,
     }
 }
 
@@ -271,6 +281,8 @@ pub struct TextLine<'a> {
     pub stages: [Option<u64>; COLUMNS.len()],
     pub error: u32,
     pub cgroup: &'a str,
+    /// The cause that took most of its time, and that time (config `causes`).
+    pub cause: Option<(&'a str, u64)>,
 }
 
 impl<'a> TextLine<'a> {
@@ -296,6 +308,13 @@ impl<'a> TextLine<'a> {
             stages,
             error: v["error"].as_u64()? as u32,
             cgroup: v["cgroup"].as_str().unwrap_or(""),
+            cause: v["causes_ns"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter_map(|(c, ns)| Some((ns.as_u64()?, c.as_str())))
+                .max()
+                .map(|(ns, c)| (c, ns)),
         })
     }
 
@@ -320,18 +339,26 @@ impl<'a> TextLine<'a> {
             stages,
             error: rec.error,
             cgroup,
+            cause: time_by_cause(io.waits)
+                .into_iter()
+                .max_by_key(|(_, ns)| *ns)
+                .map(|(c, ns)| (c.name(), ns)),
         }
     }
 }
 
 /// The column headings, bold where `style` colours.
-pub fn write_header(out: &mut dyn Write, style: Style) -> std::io::Result<()> {
+/// `causes`: with the CAUSE column (config `causes`).
+pub fn write_header(out: &mut dyn Write, style: Style, causes: bool) -> std::io::Result<()> {
     let mut h = format!(
         "{:<12} {:<15} {:>7} {:<10} {:<5} {:>12} {:>7} {:>4} {:<6}",
         "DEVICE", "COMM", "PID", "OP", "RWBS", "SECTOR", "BYTES", "QD", "PATH"
     );
     for s in COLUMNS {
         h.push_str(&format!(" {:>8}", s.as_str().to_uppercase()));
+    }
+    if causes {
+        h.push_str(&format!(" {:<CAUSE_WIDTH$}", "CAUSE"));
     }
     // Last: a cgroup path has no useful width.
     h.push_str(" CGROUP");
@@ -344,13 +371,23 @@ pub fn write_header(out: &mut dyn Write, style: Style) -> std::io::Result<()> {
 #[derive(Default)]
 pub struct TextWriter {
     line: Vec<u8>,
+    /// With the CAUSE column (config `causes`).
+    pub causes: bool,
 }
 
+/// The CAUSE column: the longest cause name and a time ("journal_commit 999.9µs").
+const CAUSE_WIDTH: usize = 22;
+
 impl TextWriter {
+    /// A writer, with the CAUSE column where `causes`.
+    pub fn new(causes: bool) -> TextWriter {
+        TextWriter { line: Vec::new(), causes }
+    }
+
     /// One IO's line; an IO that completed with an error is red where `style` colours.
     pub fn write(&mut self, out: &mut dyn Write, l: &TextLine, style: Style) -> std::io::Result<()> {
         self.line.clear();
-        columns(&mut self.line, l);
+        columns(&mut self.line, l, self.causes);
         if l.error != 0 && style.is_on() {
             let red = style.red(&String::from_utf8_lossy(&self.line));
             self.line.clear();
@@ -362,7 +399,7 @@ impl TextWriter {
 }
 
 /// The text columns, by hand: `write!` with widths pads a character at a time.
-fn columns(out: &mut Vec<u8>, l: &TextLine) {
+fn columns(out: &mut Vec<u8>, l: &TextLine, causes: bool) {
     text(out, l.device, 12, Align::Left);
     text(out, l.comm, 15, Align::Left);
     number(out, l.pid as u64, 7);
@@ -383,6 +420,20 @@ fn columns(out: &mut Vec<u8>, l: &TextLine) {
         padded(out, bytes, chars, 8, Align::Right);
     }
     out.push(b' ');
+    if causes {
+        match l.cause {
+            Some((cause, ns)) => {
+                let mut buf = [0; 32];
+                let (time, time_chars) = units::ns_text(ns, &mut buf);
+                out.extend_from_slice(cause.as_bytes());
+                out.push(b' ');
+                let chars = cause.len() + 1 + time_chars;
+                padded(out, time, time_chars, time_chars + CAUSE_WIDTH.saturating_sub(chars), Align::Left);
+            }
+            None => padded(out, b"-", 1, CAUSE_WIDTH, Align::Left),
+        }
+        out.push(b' ');
+    }
     out.extend_from_slice(if l.cgroup.is_empty() { b"-" } else { l.cgroup.as_bytes() });
 }
 
@@ -431,6 +482,11 @@ mod tests {
     }
 
     fn text_of(comm: &str, error: u32, style: Style) -> String {
+        text_with(comm, error, style, None)
+    }
+
+    /// With `cause`: the CAUSE column on, this IO's main cause in it.
+    fn text_with(comm: &str, error: u32, style: Style, cause: Option<Option<(&str, u64)>>) -> String {
         let mut stages = [None; COLUMNS.len()];
         stages[5] = Some(12_345);
         let l = TextLine {
@@ -446,9 +502,10 @@ mod tests {
             stages,
             error,
             cgroup: "/system.slice/a.service",
+            cause: cause.flatten(),
         };
         let mut out = Vec::new();
-        TextWriter::default().write(&mut out, &l, style).unwrap();
+        TextWriter::new(cause.is_some()).write(&mut out, &l, style).unwrap();
         String::from_utf8(out).unwrap()
     }
 
@@ -465,14 +522,14 @@ mod tests {
         let failed = text(10, Style::COLOR);
         assert_eq!(failed, format!("\x1b[31m{}\x1b[39m\n", ok.trim_end_matches('\n')));
         let mut header = Vec::new();
-        write_header(&mut header, Style::PLAIN).unwrap();
+        write_header(&mut header, Style::PLAIN, false).unwrap();
         let header = String::from_utf8(header).unwrap();
         assert!(header.starts_with("DEVICE       COMM") && header.ends_with(" CGROUP\n"), "{header:?}");
     }
     #[test]
     fn columns_line_up_under_the_header_in_characters() {
         let mut header = Vec::new();
-        write_header(&mut header, Style::PLAIN).unwrap();
+        write_header(&mut header, Style::PLAIN, false).unwrap();
         let header = String::from_utf8(header).unwrap();
         let width = |s: &str| s[..s.rfind(' ').unwrap()].chars().count();
         // "ü" is two bytes and one character; "µs" too.
@@ -480,5 +537,22 @@ mod tests {
             let line = text_of(comm, 0, Style::PLAIN);
             assert_eq!(width(&line), width(&header), "{line:?}\n{header:?}");
         }
+    }
+
+    #[test]
+    fn the_cause_column_names_the_main_cause_and_lines_up() {
+        let mut header = Vec::new();
+        write_header(&mut header, Style::PLAIN, true).unwrap();
+        let header = String::from_utf8(header).unwrap();
+        assert!(header.ends_with(&format!(" {:<CAUSE_WIDTH$} CGROUP\n", "CAUSE")), "{header:?}");
+        let width = |s: &str| s[..s.rfind(' ').unwrap()].chars().count();
+        for cause in [None, Some(("tag", 412_000)), Some(("journal_commit", 999_900))] {
+            let line = text_with("iogen", 0, Style::PLAIN, Some(cause));
+            assert_eq!(width(&line), width(&header), "{line:?}\n{header:?}");
+        }
+        let line = text_with("iogen", 0, Style::PLAIN, Some(Some(("tag", 412_000))));
+        assert!(line.contains(" tag 412.0µs "), "{line:?}");
+        let none = text_with("iogen", 0, Style::PLAIN, Some(None));
+        assert!(none.contains(&format!(" {:<CAUSE_WIDTH$} /system.slice", "-")), "{none:?}");
     }
 }
