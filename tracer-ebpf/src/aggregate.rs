@@ -3,7 +3,10 @@
 //! ring buffer as a record; with cgroup labels on, into its (cgroup, device, op) series. The
 //! daemon folds the per-CPU counters into its histograms.
 
-use core::intrinsics::{AtomicOrdering, atomic_xadd};
+use core::{
+    intrinsics::{AtomicOrdering, atomic_xadd},
+    ptr::read_volatile,
+};
 
 use tracer_common::{CgroupSeriesKey, DeviceState, IoRecord, SeriesAgg, agg, event, flag};
 
@@ -111,20 +114,36 @@ fn count(a: *mut SeriesAgg, rec: &IoRecord) {
         // The daemon's stage definitions (model::stage): an interval exists where both of its
         // events fired; G2D only for requests never inserted. One call per stage: an array of
         // intervals would be copied by a byte-loop memmove on the BPF target.
-        let (q, g, i, d, c) = (ts[event::Q], ts[event::G], ts[event::I], ts[event::D], ts[event::C]);
-        count_stage(a, 0, q, g);
-        count_stage(a, 1, g, i);
-        count_stage(a, 2, i, d);
-        count_stage(a, 3, if i == 0 { g } else { 0 }, d);
-        count_stage(a, 4, q, d);
-        count_stage(a, 5, d, c);
-        count_stage(a, 6, q, c);
+        let ts = &raw const rec.ts;
+        count_stage(a, 0, ts, event::Q, event::G);
+        count_stage(a, 1, ts, event::G, event::I);
+        count_stage(a, 2, ts, event::I, event::D);
+        count_stage(a, 3, ts, NOT_INSERTED, event::D);
+        count_stage(a, 4, ts, event::Q, event::D);
+        count_stage(a, 5, ts, event::D, event::C);
+        count_stage(a, 6, ts, event::Q, event::C);
     }
 }
 
+/// `count_stage`'s `from` for G2D: G, where I did not fire.
+const NOT_INSERTED: usize = usize::MAX;
+
 /// Counts stage `k` (index into `SeriesAgg::hist`) if both of its events fired.
+///
+/// Each stage reads its stamps from the record again: stamps kept in registers across the
+/// seven stages carry what each stage's tests learnt (fired or not, and the bucket search's
+/// bounds), so the verifier would walk every combination (on 6.1, past its million
+/// instructions); read afresh, every stage's paths end in the same state.
 #[inline(always)]
-fn count_stage(a: *mut SeriesAgg, k: usize, from: u64, to: u64) {
+fn count_stage(a: *mut SeriesAgg, k: usize, ts: *const [u64; event::COUNT], from: usize, to: usize) {
+    // SAFETY: `ts` points into the record, a map value; the indices are events.
+    let read = |e: usize| unsafe { read_volatile(&raw const (*ts)[e]) };
+    let from = match from {
+        NOT_INSERTED if read(event::I) != 0 => return,
+        NOT_INSERTED => read(event::G),
+        e => read(e),
+    };
+    let to = read(to);
     if from == 0 || to == 0 {
         return;
     }

@@ -228,15 +228,18 @@ pub(crate) fn on_rq_complete<M: Mem>(rq: u64, error: u32, nr_bytes: u32) {
     }
     s.record.ts[event::C] = unsafe { bpf_ktime_get_ns() };
     s.record.error = error;
+    let mode = settings().aggregate;
+    let counted = mode != agg::mode::RECORDS && aggregate(&s.record, disk);
     // A path request's head bios go after it (see on_path_done). A probe read: the verifier
-    // refuses a typed pointer as the argument of a function it checks on its own.
+    // refuses a typed pointer as the argument of a function it checks on its own. After the
+    // aggregation: values live across it multiply the states the verifier walks through its
+    // bucket searches (on 6.1, past its million instructions).
     let path = s.record.flags & flag::PATH != 0;
     let path_bios: u64 = if path { Probe::read(rq, l.rq_bio) } else { 0 };
     if path && path_bios == 0 {
         s.record.flags |= flag::FAILOVER;
     }
-    let mode = settings().aggregate;
-    if mode != agg::mode::RECORDS && aggregate(&s.record, disk) {
+    if counted {
         if mode == agg::mode::KERNEL && !streaming() && !slow(&s.record, disk) {
             // After the aggregation, not before: on 6.1 its branches ahead of the histogram's
             // bucket search took the verifier past its million instructions.
