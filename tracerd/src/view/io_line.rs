@@ -262,6 +262,12 @@ pub fn line<'a>(
     }
 }
 
+/// The cause that took most of a `snoop --json` line's time (its `causes_ns`), with that time.
+pub fn main_cause(v: &serde_json::Value) -> Option<(&str, u64)> {
+    let causes = v["causes_ns"].as_object().into_iter().flatten();
+    causes.filter_map(|(c, ns)| Some((ns.as_u64()?, c.as_str()))).max().map(|(ns, c)| (c, ns))
+}
+
 /// Stages shown as text columns, in order.
 const COLUMNS: [Stage; 8] =
     [Stage::H2q, Stage::Q2g, Stage::G2i, Stage::I2d, Stage::G2d, Stage::D2c, Stage::Q2c, Stage::Q2m];
@@ -308,13 +314,7 @@ impl<'a> TextLine<'a> {
             stages,
             error: v["error"].as_u64()? as u32,
             cgroup: v["cgroup"].as_str().unwrap_or(""),
-            cause: v["causes_ns"]
-                .as_object()
-                .into_iter()
-                .flatten()
-                .filter_map(|(c, ns)| Some((ns.as_u64()?, c.as_str())))
-                .max()
-                .map(|(ns, c)| (c, ns)),
+            cause: main_cause(v),
         })
     }
 

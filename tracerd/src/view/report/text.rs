@@ -358,11 +358,8 @@ fn render_waits(out: &mut String, op: &OpReport, style: Style) {
 /// The cause that took most of a slow IO's time (its `causes_ns`), with that time; `-` where
 /// none did.
 fn main_cause(io: &serde_json::Value) -> String {
-    let causes = io["causes_ns"].as_object().into_iter().flatten();
-    causes
-        .filter_map(|(cause, ns)| Some((ns.as_u64()?, cause)))
-        .max()
-        .map_or_else(|| "-".to_owned(), |(ns, cause)| format!("{cause} {}", t(ns as f64 / 1e9)))
+    crate::view::io_line::main_cause(io)
+        .map_or_else(|| "-".to_owned(), |(cause, ns)| format!("{cause} {}", t(ns as f64 / 1e9)))
 }
 
 /// Seconds in the tables' units.
