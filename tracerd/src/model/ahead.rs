@@ -35,12 +35,6 @@ impl Order {
         }
     }
 
-    /// The requests that went ahead of one IO in this order; `None` where it has no number.
-    pub fn count(self, rec: &IoRecord) -> Option<u32> {
-        let (from, seq) = self.of(rec);
-        ahead_between(from, seq)
-    }
-
     /// An IO's numbers in this order: the disk's count before it, and its own (0: none).
     fn of(self, rec: &IoRecord) -> (u32, u32) {
         match self {
@@ -48,14 +42,6 @@ impl Order {
             Order::Issue => (rec.issue_from, rec.issue_seq),
         }
     }
-}
-
-/// Requests numbered between a count and an IO's own number: from+1 ..= seq-1. `None` where
-/// the IO has no number, or across a reset of the disk's numbering (the device left and came
-/// back), which is no wait.
-fn ahead_between(from: u32, seq: u32) -> Option<u32> {
-    let ahead = seq.wrapping_sub(1).wrapping_sub(from);
-    (seq != 0 && ahead <= u32::MAX / 2).then_some(ahead)
 }
 
 /// IOs kept for the join: beyond it, IOs are counted (`Ahead::past_bound`), not joined.
@@ -163,7 +149,12 @@ impl Ahead {
                         (AheadRow::empty(self.groups[e.group as usize].clone(), e.op, order), BTreeMap::new())
                     });
                     row.ios += 1;
-                    let Some(ahead) = ahead_between(from, seq).filter(|n| *n > 0) else { continue };
+                    // Numbers from 1: those ahead are from+1 ..= seq-1. A count across a
+                    // reset of the disk's numbering (the device left and came back) is no wait.
+                    let ahead = seq.wrapping_sub(1).wrapping_sub(from);
+                    if ahead == 0 || ahead > u32::MAX / 2 {
+                        continue;
+                    }
                     row.waited += 1;
                     row.ahead += u64::from(ahead);
                     if walked + u64::from(ahead) > MAX_WALK {

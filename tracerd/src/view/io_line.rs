@@ -10,7 +10,6 @@ use tracer_common::{event, flag, kernel_ts, kind, own};
 use crate::{
     kernel::record::comm,
     kernel::session::Io,
-    model::ahead::Order,
     model::causes::{Wait, Waker, time_by_cause},
     model::cgroups::Named,
     model::layers::Phase,
@@ -88,10 +87,6 @@ pub struct SnoopLine<'a> {
     /// With `causes_ns`: the rest of its Q2C, which no cause explains.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unexplained_ns: Option<u64>,
-    /// Requests that went ahead of it (config `causes`, tracerd's own programs): allocated
-    /// between its Q and its G (`Q2G`), issued between its I and its D (`I2D`).
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub ahead: BTreeMap<Order, u32>,
 }
 
 /// One wait of an IO's submitter (`model::causes::Wait`), as JSON.
@@ -270,7 +265,6 @@ pub fn line<'a>(
         waits: io.waits.iter().map(|w| WaitLine::of(w, topo)).collect(),
         causes_ns,
         unexplained_ns,
-        ahead: Order::ALL.into_iter().filter_map(|o| Some((o, o.count(rec)?))).collect(),
     }
 }
 
