@@ -152,12 +152,6 @@ fn tag_waits_name_blk_mq_get_tag_and_the_request_whose_completion_ended_them() {
                 }
                 "none" if w["cause"] == "tag" => unseen += 1,
                 "none" => {}
-                // Preempted, not woken: the task that ran in its place, another one.
-                "preempted" => {
-                    assert_eq!(w["cause"], "cpu", "only a preemption names who ran instead: {w}");
-                    assert!(waker["comm"].as_str().is_some_and(|c| !c.is_empty()), "{w}");
-                    assert_ne!(waker["tid"], w["tid"], "{w}");
-                }
                 // PREEMPT_RT runs completions in ksoftirqd, which may be preempted in the middle
                 // of one: its level is lost and the wakeup is named as that thread's (counted
                 // against the share named by IO below).

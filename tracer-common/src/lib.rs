@@ -173,15 +173,6 @@ pub struct IoRecord {
     /// The request's own timestamps as the kernel left them at completion (indexed by
     /// [`kernel_ts`]); 0 where it did not set one (or BTF lacks the member). Requests only.
     pub kernel_ns: [u64; kernel_ts::COUNT],
-    /// Who went ahead (config `causes`, every IO sent as a record; 0 where not counted): each
-    /// disk numbers its G's and its D's, from 1. `getrq_from` is the disk's count of G's when
-    /// this IO was queued and `getrq_seq` its own G's number, so the G's numbered in between
-    /// are the requests allocated ahead of it; `issue_from` and `issue_seq` do the same for D
-    /// from its I.
-    pub getrq_from: u32,
-    pub getrq_seq: u32,
-    pub issue_from: u32,
-    pub issue_seq: u32,
 }
 
 /// Waits of a task inside an IO's phase (config `causes`): what each [`WaitRecord`] field means.
@@ -205,9 +196,6 @@ pub mod wait {
     pub const WAKER_TASK: u8 = 2;
     /// An interrupt that was completing no IO woke it (a timer, another device).
     pub const WAKER_INTERRUPT: u8 = 3;
-    /// Not woken: it was preempted, and `waker_tid`, `waker_comm` name the task the scheduler
-    /// ran in its place.
-    pub const WAKER_PREEMPTED: u8 = 4;
     /// Nesting levels whose completions are told apart on a CPU: task, softirq, hardirq.
     pub const LEVELS: u32 = 4;
 }
@@ -305,13 +293,9 @@ pub struct BioState {
     pub flags: u8,
     /// rq-qos policies it waited in ([`qos`] bits), and for how long.
     pub qos: u8,
-    pub _pad: [u8; 2],
-    /// The disk's count of G's at this bio's Q, and its own G's number ([`IoRecord::getrq_from`]).
-    pub getrq_from: u32,
+    pub _pad: [u8; 6],
     pub comm: [u8; 16],
     pub qos_ns: u64,
-    pub getrq_seq: u32,
-    pub _pad2: u32,
 }
 
 /// rq-qos policies, as bits of [`IoRecord::qos`]: whose throttle a bio waited in between its Q
@@ -557,13 +541,6 @@ pub struct DeviceState {
     /// 1 for a bio-based device (no `mq/` in sysfs: md, dm, brd, an NVMe head): its bios get
     /// no G, so a submitter's sleep counts for one only inside its submit function.
     pub bio_based: u32,
-    /// The whole disk of a partition (kernel `dev_t`); its own for a disk. A partition's
-    /// requests are the disk's: G's are numbered on the disk.
-    pub disk: u32,
-    /// G's and D's numbered on this disk so far (config `causes`; updated atomically).
-    pub getrqs: u32,
-    pub issues: u32,
-    pub _pad: u32,
 }
 
 /// In-kernel aggregation for the agent (`tracerd run`): completed reads and writes of a device

@@ -13,7 +13,6 @@
 #![feature(core_intrinsics)]
 
 mod aggregate;
-mod ahead;
 mod bio;
 mod kernel;
 mod maps;

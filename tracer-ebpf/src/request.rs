@@ -10,7 +10,6 @@ use tracer_common::{
 
 use crate::{
     aggregate::aggregate,
-    ahead::{counting, issues_so_far, number_issue},
     kernel::{Mem, Probe, rq_disk, scalar},
     maps::{
         BIOS, DEVICES, EVENTS, LINKS, REQUESTS, commit_flags, count_lost, is_traced, layout, settings, slow,
@@ -47,8 +46,6 @@ pub(crate) fn init_request_record<M: Mem>(l: &KernelLayout, rq: u64, id: u64, di
             rec.ts[event::H] = b.held_ns;
             rec.ts[event::Q] = b.queued_ns;
             rec.ts[event::G] = b.getrq_ns;
-            rec.getrq_from = b.getrq_from;
-            rec.getrq_seq = b.getrq_seq;
             rec.qos = b.qos;
             rec.qos_ns = b.qos_ns;
             rec.dev = b.dev;
@@ -114,9 +111,7 @@ pub(crate) fn on_rq_insert<M: Mem>(rq: u64) {
     if let Some(state) = open {
         if !missed_completion(state) {
             // SAFETY: map value pointer from a successful lookup.
-            let rec = unsafe { &mut (*state).record };
-            rec.ts[event::I] = now;
-            note_insert(rec);
+            unsafe { (*state).record.ts[event::I] = now };
             return;
         }
     }
@@ -135,30 +130,6 @@ pub(crate) fn on_rq_insert<M: Mem>(rq: u64) {
         (*state).issued = 0;
         init_request_record::<M>(l, rq, key, disk, &raw mut (*state).record);
         (*state).record.ts[event::I] = now;
-        note_insert(&mut (*state).record);
-    }
-}
-
-/// At I: the disk's count of D's, from which the requests issued ahead of this one count.
-#[inline(always)]
-fn note_insert(rec: &mut IoRecord) {
-    if counting() {
-        if let Some(disk) = DEVICES.get_ptr_mut(&rec.disk) {
-            rec.issue_from = issues_so_far(disk);
-        }
-    }
-}
-
-/// At D: the request joins its disk's queue depth, and takes its number among the disk's D's
-/// (one never inserted had nothing ahead of it).
-#[inline(always)]
-fn note_issue(rec: &mut IoRecord, disk: *mut DeviceState) {
-    rec.queue_depth = add_in_flight_at(disk, 1);
-    if counting() {
-        rec.issue_seq = number_issue(disk);
-        if rec.ts[event::I] == 0 {
-            rec.issue_from = rec.issue_seq.wrapping_sub(1);
-        }
     }
 }
 
@@ -180,13 +151,8 @@ pub(crate) fn on_rq_issue<M: Mem>(rq: u64) {
             let state = unsafe { &mut *state };
             state.record.ts[event::D] = now;
             fill_issue::<M>(l, rq, &mut state.record);
-            match DEVICES.get_ptr_mut(&state.record.disk) {
-                Some(disk) => {
-                    note_issue(&mut state.record, disk);
-                    state.issued = 1;
-                }
-                None => state.record.queue_depth = 0,
-            }
+            state.record.queue_depth = add_in_flight(state.record.disk, 1);
+            state.issued = 1;
             return;
         }
     }
@@ -209,7 +175,7 @@ pub(crate) fn on_rq_issue<M: Mem>(rq: u64) {
     fill_issue::<M>(l, rq, &mut state.record);
     state.issued = 0;
     if let Some(dev) = dev {
-        note_issue(&mut state.record, dev);
+        state.record.queue_depth = add_in_flight_at(dev, 1);
         state.issued = 1;
     }
 }

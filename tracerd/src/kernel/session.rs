@@ -80,7 +80,7 @@ impl Session {
         let resolved = selection.resolve(&topo)?;
         let opts = LoadOptions { targets: resolved.targets().count(), ..opts.clone() };
         let mut tracer = Tracer::load(&opts)?;
-        tracer.set_devices(&resolved.kernel_devs, &resolved.paths, &topo)?;
+        tracer.set_devices(&resolved.kernel_devs, &resolved.paths, &bio_based(&topo))?;
         let waits = match tracer.causes_on() {
             true => Some(Waits {
                 reader: WaitReader::new(tracer.take_stacks()?),
@@ -130,7 +130,7 @@ impl Session {
         match self.selection.resolve(&topo) {
             Ok(resolved) => {
                 if resolved != self.resolved {
-                    self.tracer.set_devices(&resolved.kernel_devs, &resolved.paths, &topo)?;
+                    self.tracer.set_devices(&resolved.kernel_devs, &resolved.paths, &bio_based(&topo))?;
                     self.resolved = resolved;
                     // New devices may come with their modules (md, dm): probe their submit paths
                     // and read their BTF.
@@ -313,6 +313,10 @@ impl Reader<'_> {
 }
 
 /// Bio-based devices (no `mq/`): their bios get no G (`DeviceState::bio_based`).
+fn bio_based(topo: &Topology) -> std::collections::HashSet<u32> {
+    topo.devices().filter(|d| !d.request_based).map(|d| d.dev).collect()
+}
+
 /// Resolves on SIGINT or SIGTERM.
 pub async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};

@@ -108,9 +108,7 @@ pub enum Waker {
     Task { tid: u32, comm: String, function: Option<String> },
     /// An interrupt completing no IO woke it (a timer, another device).
     Interrupt { function: Option<String> },
-    /// It was preempted, not asleep: the task the scheduler ran in its place.
-    Preempted { tid: u32, comm: String },
-    /// It ran again with no wakeup seen.
+    /// It ran again with no wakeup seen (it was preempted, not asleep).
     None,
 }
 

@@ -126,11 +126,6 @@ pub enum WakerLine<'a> {
     Interrupt {
         function: Option<&'a str>,
     },
-    /// Preempted, not woken: the task that ran in its place.
-    Preempted {
-        tid: u32,
-        comm: &'a str,
-    },
     None,
 }
 
@@ -155,7 +150,6 @@ impl<'a> WaitLine<'a> {
                     WakerLine::Task { tid: *tid, comm, function: function.as_deref() }
                 }
                 Waker::Interrupt { function } => WakerLine::Interrupt { function: function.as_deref() },
-                Waker::Preempted { tid, comm } => WakerLine::Preempted { tid: *tid, comm },
                 Waker::None => WakerLine::None,
             },
             stack: &w.stack,
