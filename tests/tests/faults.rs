@@ -215,7 +215,10 @@ fn open_request(disk: u32, issued_ns: u64) -> Slot<RequestState> {
     let mut record = IoRecord { kind: kind::REQUEST, disk, dev: disk, bytes: 4096, ..Default::default() };
     record.ts[event::Q] = issued_ns;
     record.ts[event::D] = issued_ns;
-    Slot { key: 0xffff_dead_0000_0000 | disk as u64, value: RequestState { record, issued: 1, _pad: [0; 7] } }
+    Slot {
+        key: 0xffff_dead_0000_0000 | disk as u64,
+        value: RequestState { record, issued: 1, _pad: [0; 7], ahead: Default::default() },
+    }
 }
 
 /// A device's kernel `dev_t`, as tracerd reads it from sysfs.

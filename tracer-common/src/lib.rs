@@ -175,6 +175,27 @@ pub struct IoRecord {
     pub kernel_ns: [u64; kernel_ts::COUNT],
 }
 
+/// Who went ahead of one request (config `causes`, every IO sent as a record): each disk
+/// numbers its G's and its D's, from 1. `getrq_from` is the disk's count of G's when the
+/// request's first bio was queued and `getrq_seq` its own G's number, so the G's numbered in
+/// between are the requests allocated ahead of it; `issue_from` and `issue_seq` do the same for
+/// D from its I. Sent at the request's D, before its [`IoRecord`] (same `id`), and kept out of
+/// that record: the completion's program is at the verifier's limit on older kernels.
+/// A different size from [`IoRecord`] and [`WaitRecord`]: the reader tells them apart by length.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AheadRecord {
+    /// The request's key, its [`IoRecord::id`].
+    pub id: u64,
+    /// Whole disk that numbered it.
+    pub disk: u32,
+    pub getrq_from: u32,
+    pub getrq_seq: u32,
+    pub issue_from: u32,
+    pub issue_seq: u32,
+    pub _pad: u32,
+}
+
 /// Waits of a task inside an IO's phase (config `causes`): what each [`WaitRecord`] field means.
 pub mod wait {
     /// `WaitRecord::phase`: the submitter between the bio's Q and its request's G (a tag, a
@@ -196,6 +217,9 @@ pub mod wait {
     pub const WAKER_TASK: u8 = 2;
     /// An interrupt that was completing no IO woke it (a timer, another device).
     pub const WAKER_INTERRUPT: u8 = 3;
+    /// Not woken: it was preempted, and `waker_tid`, `waker_comm` name the task the scheduler
+    /// ran in its place.
+    pub const WAKER_PREEMPTED: u8 = 4;
     /// Nesting levels whose completions are told apart on a CPU: task, softirq, hardirq.
     pub const LEVELS: u32 = 4;
 }
@@ -293,9 +317,13 @@ pub struct BioState {
     pub flags: u8,
     /// rq-qos policies it waited in ([`qos`] bits), and for how long.
     pub qos: u8,
-    pub _pad: [u8; 6],
+    pub _pad: [u8; 2],
+    /// The disk's count of G's at this bio's Q, and its own G's number ([`IoRecord::getrq_from`]).
+    pub getrq_from: u32,
     pub comm: [u8; 16],
     pub qos_ns: u64,
+    pub getrq_seq: u32,
+    pub _pad2: u32,
 }
 
 /// rq-qos policies, as bits of [`IoRecord::qos`]: whose throttle a bio waited in between its Q
@@ -525,6 +553,8 @@ pub struct RequestState {
     /// Set while the request counts towards its disk's queue depth.
     pub issued: u8,
     pub _pad: [u8; 7],
+    /// Its numbers among the disk's G's and D's (config `causes`), sent at its D.
+    pub ahead: AheadRecord,
 }
 
 /// A traced device. Key: kernel `dev_t` of a disk or partition; inserted by the daemon.
@@ -541,6 +571,13 @@ pub struct DeviceState {
     /// 1 for a bio-based device (no `mq/` in sysfs: md, dm, brd, an NVMe head): its bios get
     /// no G, so a submitter's sleep counts for one only inside its submit function.
     pub bio_based: u32,
+    /// The whole disk of a partition (kernel `dev_t`); its own for a disk. A partition's
+    /// requests are the disk's: G's are numbered on the disk.
+    pub disk: u32,
+    /// G's and D's numbered on this disk so far (config `causes`; updated atomically).
+    pub getrqs: u32,
+    pub issues: u32,
+    pub _pad: u32,
 }
 
 /// In-kernel aggregation for the agent (`tracerd run`): completed reads and writes of a device
@@ -865,12 +902,15 @@ mod user {
     unsafe impl aya::Pod for Settings {}
     unsafe impl aya::Pod for StackLayout {}
     unsafe impl aya::Pod for WaitRecord {}
+    unsafe impl aya::Pod for AheadRecord {}
     unsafe impl aya::Pod for SeriesAgg {}
     unsafe impl aya::Pod for CgroupSeriesKey {}
 }
 
 // The reader tells wait records from IO records by length.
 const _: () = assert!(size_of::<WaitRecord>() != size_of::<IoRecord>());
+const _: () = assert!(size_of::<AheadRecord>() != size_of::<IoRecord>());
+const _: () = assert!(size_of::<AheadRecord>() != size_of::<WaitRecord>());
 
 #[cfg(test)]
 mod tests {

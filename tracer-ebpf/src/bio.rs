@@ -7,6 +7,7 @@ use aya_ebpf::helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns};
 use tracer_common::{IoRecord, agg, event, flag, kind, limits, lost};
 
 use crate::{
+    ahead::{counting, getrqs_so_far, number_getrq},
     kernel::{Mem, Probe, bio_cgroup, bio_dev, read_current_comm},
     maps::{BIOS, EVENTS, LINKS, commit_flags, count_lost, is_traced, layout, settings, stacking, streaming},
     qos::take_qos_wait,
@@ -115,6 +116,7 @@ pub(crate) fn on_bio_queue<M: Mem>(bio: u64) {
         }
     }
     state.parent = 0;
+    (state.getrq_from, state.getrq_seq) = if counting() { (getrqs_so_far(dev), 0) } else { (0, 0) };
     note_holder(key, state.queued_ns, dev, state.opf);
     if let Some(s) = stacking() {
         // SAFETY: copy out of a map value.
@@ -134,6 +136,9 @@ pub(crate) fn on_getrq<M: Mem>(bio: u64) {
         // SAFETY: map value pointer from a successful lookup.
         let state = unsafe { &mut *state };
         state.getrq_ns = unsafe { bpf_ktime_get_ns() };
+        if counting() {
+            state.getrq_seq = number_getrq(state.dev);
+        }
         take_qos_wait(state);
     }
 }

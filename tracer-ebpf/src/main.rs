@@ -13,6 +13,7 @@
 #![feature(core_intrinsics)]
 
 mod aggregate;
+mod ahead;
 mod bio;
 mod kernel;
 mod maps;

@@ -5,11 +5,13 @@ use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use tracer_common::{
-    DeviceState, IoRecord, KernelLayout, RequestState, agg, event, flag, kernel_ts, kind, limits, lost,
+    AheadRecord, DeviceState, IoRecord, KernelLayout, RequestState, agg, event, flag, kernel_ts, kind,
+    limits, lost,
 };
 
 use crate::{
     aggregate::aggregate,
+    ahead::{counting, issues_so_far, number_issue},
     kernel::{Mem, Probe, rq_disk, scalar},
     maps::{
         BIOS, DEVICES, EVENTS, LINKS, REQUESTS, commit_flags, count_lost, is_traced, layout, settings, slow,
@@ -25,8 +27,11 @@ const FRONT_MERGES_FOLLOWED: u32 = 4;
 
 /// A request's record on first sight (I, D, or C for one never issued itself), taking its
 /// first bio's Q and G. `rec` (a slot value or a reserved ring-buffer entry) is filled in place:
-/// the BPF stack is small. `id` is the request's key.
-pub(crate) fn init_request_record<M: Mem>(l: &KernelLayout, rq: u64, id: u64, disk: u32, rec: *mut IoRecord) {
+/// the BPF stack is small. `id` is the request's key. Returns the first bio's numbers among
+/// its disk's G's (`AheadRecord::getrq_from`, `getrq_seq`; zeroes where not counted).
+pub(crate) fn init_request_record<M: Mem>(rq: u64, id: u64, disk: u32, rec: *mut IoRecord) -> (u32, u32) {
+    // Read here, not passed: a BPF call takes five arguments, the returned pair one of them.
+    let l = layout();
     // SAFETY: `rec` is ours to fill.
     unsafe { zero_words(rec) };
     // SAFETY: as above.
@@ -34,6 +39,7 @@ pub(crate) fn init_request_record<M: Mem>(l: &KernelLayout, rq: u64, id: u64, di
     rec.kind = kind::REQUEST;
     rec.disk = disk;
     rec.id = id;
+    let mut getrq = (0, 0);
     // The first bio holds Q and G; a front merge puts the merged bio before it, so walk on.
     let mut bio: u64 = M::read(rq, l.rq_bio);
     for _ in 0..FRONT_MERGES_FOLLOWED {
@@ -46,6 +52,7 @@ pub(crate) fn init_request_record<M: Mem>(l: &KernelLayout, rq: u64, id: u64, di
             rec.ts[event::H] = b.held_ns;
             rec.ts[event::Q] = b.queued_ns;
             rec.ts[event::G] = b.getrq_ns;
+            getrq = (b.getrq_from, b.getrq_seq);
             rec.qos = b.qos;
             rec.qos_ns = b.qos_ns;
             rec.dev = b.dev;
@@ -69,6 +76,7 @@ pub(crate) fn init_request_record<M: Mem>(l: &KernelLayout, rq: u64, id: u64, di
             let _ = LINKS.remove(&key);
         }
     }
+    getrq
 }
 
 /// Adds `delta` to a disk's in-flight count and returns the new count.
@@ -111,7 +119,9 @@ pub(crate) fn on_rq_insert<M: Mem>(rq: u64) {
     if let Some(state) = open {
         if !missed_completion(state) {
             // SAFETY: map value pointer from a successful lookup.
-            unsafe { (*state).record.ts[event::I] = now };
+            let state = unsafe { &mut *state };
+            state.record.ts[event::I] = now;
+            note_insert(state);
             return;
         }
     }
@@ -126,10 +136,50 @@ pub(crate) fn on_rq_insert<M: Mem>(rq: u64) {
         return;
     };
     // SAFETY: our slot's value.
-    unsafe {
-        (*state).issued = 0;
-        init_request_record::<M>(l, rq, key, disk, &raw mut (*state).record);
-        (*state).record.ts[event::I] = now;
+    let state = unsafe { &mut *state };
+    state.issued = 0;
+    let getrq = init_request_record::<M>(rq, key, disk, &raw mut state.record);
+    state.record.ts[event::I] = now;
+    start_ahead(state, getrq);
+    note_insert(state);
+}
+
+/// A request's first sight: its numbers among the disk's G's, none yet among its D's.
+#[inline(always)]
+fn start_ahead(state: &mut RequestState, (getrq_from, getrq_seq): (u32, u32)) {
+    state.ahead = AheadRecord {
+        id: state.record.id,
+        disk: state.record.disk,
+        getrq_from,
+        getrq_seq,
+        ..Default::default()
+    };
+}
+
+/// At I: the disk's count of D's, from which the requests issued ahead of this one count.
+#[inline(always)]
+fn note_insert(state: &mut RequestState) {
+    if counting() {
+        if let Some(disk) = DEVICES.get_ptr_mut(&state.record.disk) {
+            state.ahead.issue_from = issues_so_far(disk);
+        }
+    }
+}
+
+/// At D: the request joins its disk's queue depth, and takes its number among the disk's D's
+/// (one never inserted had nothing ahead of it); its numbers go out now, ahead of its record.
+#[inline(always)]
+fn note_issue(state: &mut RequestState, disk: *mut DeviceState) {
+    state.record.queue_depth = add_in_flight_at(disk, 1);
+    if counting() {
+        let a = &mut state.ahead;
+        a.issue_seq = number_issue(disk);
+        if state.record.ts[event::I] == 0 {
+            a.issue_from = a.issue_seq.wrapping_sub(1);
+        }
+        if EVENTS.output::<AheadRecord>(&*a, commit_flags()).is_err() {
+            count_lost(lost::RINGBUF_FULL);
+        }
     }
 }
 
@@ -151,8 +201,13 @@ pub(crate) fn on_rq_issue<M: Mem>(rq: u64) {
             let state = unsafe { &mut *state };
             state.record.ts[event::D] = now;
             fill_issue::<M>(l, rq, &mut state.record);
-            state.record.queue_depth = add_in_flight(state.record.disk, 1);
-            state.issued = 1;
+            match DEVICES.get_ptr_mut(&state.record.disk) {
+                Some(disk) => {
+                    note_issue(state, disk);
+                    state.issued = 1;
+                }
+                None => state.record.queue_depth = 0,
+            }
             return;
         }
     }
@@ -170,12 +225,13 @@ pub(crate) fn on_rq_issue<M: Mem>(rq: u64) {
     };
     // SAFETY: our slot's value.
     let state = unsafe { &mut *state };
-    init_request_record::<M>(l, rq, key, disk, &raw mut state.record);
+    let getrq = init_request_record::<M>(rq, key, disk, &raw mut state.record);
+    start_ahead(state, getrq);
     state.record.ts[event::D] = now;
     fill_issue::<M>(l, rq, &mut state.record);
     state.issued = 0;
     if let Some(dev) = dev {
-        state.record.queue_depth = add_in_flight_at(dev, 1);
+        note_issue(state, dev);
         state.issued = 1;
     }
 }
@@ -284,7 +340,7 @@ pub(crate) fn on_rq_complete_unissued<M: Mem>(l: &KernelLayout, rq: u64, key: u6
         count_lost(lost::RINGBUF_FULL);
         return;
     };
-    init_request_record::<M>(l, rq, key, disk, entry.as_mut_ptr());
+    init_request_record::<M>(rq, key, disk, entry.as_mut_ptr());
     // SAFETY: the reserved entry is ours until submit/discard.
     let rec = unsafe { &mut *entry.as_mut_ptr() };
     if rec.ts[event::Q] == 0 {

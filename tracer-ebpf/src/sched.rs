@@ -11,7 +11,7 @@
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
 use aya_ebpf::{
-    helpers::{bpf_ktime_get_ns, generated::bpf_map_lookup_percpu_elem},
+    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel_buf, generated::bpf_map_lookup_percpu_elem},
     maps::PerCpuArray,
     programs::BtfTracePointContext,
     programs::tracing::StackIdContext,
@@ -132,7 +132,7 @@ pub(crate) fn on_sched_switch(ctx: &BtfTracePointContext, preempt: u64, next: u6
             // wait), not preempted: asleep until woken.
             let state = if preempt == 0 && prev_state != 0 { wait::BLOCKED } else { wait::PREEMPTED };
             if tid == thread_id() {
-                start_wait(ctx, h, tid, state);
+                start_wait(ctx, h, tid, state, next);
             }
             // SAFETY: as above. The holder leaves with the task (or became its wait), only now:
             // a waker that finds it no longer here finds the wait in `WAITERS`.
@@ -167,7 +167,7 @@ fn held_phase(tid: u32, bio: u64, queued_ns: u64, dev: u32) -> Option<u8> {
 }
 
 #[inline(always)]
-fn start_wait(ctx: &BtfTracePointContext, h: *mut Holder, tid: u32, state: u8) {
+fn start_wait(ctx: &BtfTracePointContext, h: *mut Holder, tid: u32, state: u8, next: u64) {
     // SAFETY: per-CPU slot, no concurrent writer.
     let h = unsafe { &*h };
     let Some(phase) = held_phase(tid, h.bio, h.queued_ns, h.dev) else { return };
@@ -185,6 +185,14 @@ fn start_wait(ctx: &BtfTracePointContext, h: *mut Holder, tid: u32, state: u8) {
         (*rec).state = state;
         (*rec).stack = stack_id(ctx);
         (*rec).waker_stack = -1;
+        if state == wait::PREEMPTED {
+            // No wakeup will come: the task that runs in its place is what it waits for.
+            let l = layout();
+            (*rec).waker = wait::WAKER_PREEMPTED;
+            (*rec).waker_tid = Direct::read(next, l.task_pid);
+            let _ =
+                bpf_probe_read_kernel_buf((next + l.task_comm as u64) as *const u8, &mut (*rec).waker_comm);
+        }
     }
     // SAFETY: the scratch value, read by the map update.
     if WAITERS.insert(&tid, unsafe { &*rec }, 0).is_err() {

@@ -3,6 +3,7 @@
 //! the capture format that `report --save` writes and `diff` reads.
 
 pub mod aggregate;
+pub mod ahead;
 pub mod capture;
 pub mod causes;
 pub mod cgroups;

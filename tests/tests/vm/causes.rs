@@ -92,3 +92,56 @@ fn spaced_md_writes_wait_in_md_write_start_for_the_superblock_writes_and_the_con
         );
     }
 }
+
+/// The `ahead` rows of nullb4 in a report section.
+fn nullb4_ahead(name: &str) -> Vec<Value> {
+    let text = section(name);
+    let report: Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name}: not JSON ({e}):\n{text}"));
+    let devices = report["devices"].as_array().unwrap_or_else(|| panic!("{name}: no devices:\n{report}"));
+    let d = devices.iter().find(|d| d["device"] == "nullb4").unwrap_or_else(|| panic!("{name}: no nullb4"));
+    d["ahead"].as_array().cloned().unwrap_or_default()
+}
+
+fn quiet_row<'a>(rows: &'a [Value], stage: &str) -> &'a Value {
+    rows.iter()
+        .find(|r| r["group"] == "/quiet" && r["stage"] == stage)
+        .unwrap_or_else(|| panic!("no {stage} row for /quiet: {rows:?}"))
+}
+
+#[test]
+fn the_flood_dispatched_ahead_of_a_quiet_reader_behind_mq_deadline_is_named_by_its_cgroup() {
+    if !ran("causes") {
+        return;
+    }
+    let n = |v: &Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("no {k} in {v}"));
+    // Alone, one read at a time: nothing is allocated or issued ahead of any of the 20.
+    let alone = nullb4_ahead("causes_ahead_alone");
+    for stage in ["Q2G", "I2D"] {
+        let r = quiet_row(&alone, stage);
+        assert_eq!((n(r, "ios"), n(r, "ahead")), (20, 0), "{r}");
+    }
+    // Beside the flood: each quiet read sits in mq-deadline while the flood's requests hold the
+    // disk's 64 tags, and what is issued ahead of it is the flood's.
+    assert!(
+        section("causes_ahead_outlasted").contains("outlasted"),
+        "the flood ended before the quiet reads"
+    );
+    let flood = nullb4_ahead("causes_ahead_flood");
+    let i2d = quiet_row(&flood, "I2D");
+    println!("quiet reads beside the flood, I2D: {i2d}");
+    assert_eq!(n(i2d, "ios"), 20, "{i2d}");
+    assert!(n(i2d, "waited") >= 15, "the quiet reads wait in the scheduler behind the flood: {i2d}");
+    let by = |r: &Value, group: &str| {
+        r["by"].as_array().unwrap().iter().find(|b| b["group"] == group).map_or(0, |b| n(b, "requests"))
+    };
+    assert!(by(i2d, "/flood") * 10 >= n(i2d, "ahead") * 9, "the flood's share of those issued ahead: {i2d}");
+    assert!(n(i2d, "unrecorded") * 10 <= n(i2d, "ahead"), "{i2d}");
+    let q2g = quiet_row(&flood, "Q2G");
+    if n(q2g, "ahead") > 0 {
+        assert!(
+            by(q2g, "/flood") * 10 >= n(q2g, "ahead") * 9,
+            "the flood's share of those allocated ahead: {q2g}"
+        );
+    }
+}

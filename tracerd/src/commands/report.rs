@@ -9,11 +9,18 @@ use std::{
 
 use anyhow::Result;
 
+use tracer_common::IoRecord;
+
 use crate::{
-    kernel::session::{Session, shutdown_signal},
+    kernel::cgroupfs::CgroupNames,
+    kernel::record::comm,
+    kernel::session::{Io, Session, shutdown_signal},
     kernel::tracer::{LoadOptions, kernel_release},
     model::aggregate::{Aggregator, Lost},
+    model::ahead::Ahead,
     model::capture::{self, Capture},
+    model::cgroups::Named,
+    model::op::Op,
     model::selection::Selection,
     serve::api,
     source::{
@@ -84,6 +91,7 @@ pub async fn report(
     let base = session.lost()?;
     let mut agg = Aggregator::new(view.by_qd);
     let mut by_cgroup = ByCgroup::new(view.by_cgroup);
+    let mut ahead = session.tracer.causes_on().then(AheadOf::default);
     let progress = std::io::stderr().is_terminal();
     let started = Instant::now();
     let started_unix_s = capture::unix_now();
@@ -97,6 +105,7 @@ pub async fn report(
             r = session.read(|io, topo| {
                 agg.add(io.target, ops.op(io.rec.cmd_flags), io.rec, io.layers, |d| topo.name_of(d));
                 by_cgroup.add(io, ops.op(io.rec.cmd_flags), topo);
+                if let Some(a) = &mut ahead { a.add(io, ops.op(io.rec.cmd_flags)) }
             }) => r?,
             _ = tick.tick() => {
                 session.refresh_devices()?;
@@ -112,6 +121,9 @@ pub async fn report(
     session.drain_now(|io, topo| {
         agg.add(io.target, ops.op(io.rec.cmd_flags), io.rec, io.layers, |d| topo.name_of(d));
         by_cgroup.add(io, ops.op(io.rec.cmd_flags), topo);
+        if let Some(a) = &mut ahead {
+            a.add(io, ops.op(io.rec.cmd_flags))
+        }
     });
     let waits = session.take_waits();
     agg.add_waits(&waits, |d| session.topo.name_of(d));
@@ -129,6 +141,10 @@ pub async fn report(
         &topo,
         view.hist,
     );
+    let report = match &ahead {
+        Some(a) => report.with_ahead(&a.ahead, &topo),
+        None => report,
+    };
     report.print(view)?;
     if let Some(path) = save {
         let meta = capture::Meta { kernel, host: capture::hostname(), started_unix_s, duration_s: elapsed };
@@ -136,6 +152,34 @@ pub async fn report(
         tracing::info!("capture saved to {}", path.display());
     }
     Ok(())
+}
+
+/// Who went ahead of waiting IOs (config `causes`): each request, with its group.
+#[derive(Default)]
+struct AheadOf {
+    ahead: Ahead,
+    names: Option<CgroupNames>,
+}
+
+impl AheadOf {
+    fn add(&mut self, io: &Io, op: Op) {
+        let Some(numbers) = io.ahead else { return };
+        let rec = io.rec;
+        let names = self.names.get_or_insert_with(CgroupNames::detect);
+        self.ahead.add(rec.disk, op, &group_of(names, rec), numbers);
+    }
+}
+
+/// An IO's group: the cgroup it was charged to, or its command where none below the root is
+/// known (a machine without cgroups, or all IO from the root).
+fn group_of(names: &mut CgroupNames, rec: &IoRecord) -> String {
+    match names.of(rec) {
+        Named::Path(p) if &*p != "/" => p.to_string(),
+        _ => match comm(rec) {
+            "" => "?".into(),
+            c => c.to_owned(),
+        },
+    }
 }
 
 const BY_QD_NEEDS_RECORDS: &str = "--by qd needs every IO's record, and the agent's recorder keeps no \

@@ -188,6 +188,7 @@ impl WaitReader {
                 Waker::Task { tid: rec.waker_tid, comm: comm(&rec.waker_comm), function: waker_function }
             }
             wait::WAKER_INTERRUPT => Waker::Interrupt { function: waker_function },
+            wait::WAKER_PREEMPTED => Waker::Preempted { tid: rec.waker_tid, comm: comm(&rec.waker_comm) },
             _ => Waker::None,
         };
         Some(Wait {

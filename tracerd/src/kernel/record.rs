@@ -2,7 +2,7 @@
 //! the reader counts, never a panic or a silently wrong IO.
 
 use thiserror::Error;
-use tracer_common::{IoRecord, WaitRecord, kind, wait};
+use tracer_common::{AheadRecord, IoRecord, WaitRecord, kind, wait};
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum RecordError {
@@ -35,6 +35,15 @@ pub fn decode_wait(bytes: &[u8]) -> Result<WaitRecord, RecordError> {
         (wait::Q2G | wait::SUBMIT, wait::BLOCKED | wait::PREEMPTED) => Ok(rec),
         _ => Err(RecordError::Kind(rec.phase)),
     }
+}
+
+/// A request's numbers among its disk's G's and D's (config `causes`): told by its length.
+pub fn decode_ahead(bytes: &[u8]) -> Result<AheadRecord, RecordError> {
+    if bytes.len() != size_of::<AheadRecord>() {
+        return Err(RecordError::Size(bytes.len()));
+    }
+    // SAFETY: length checked; AheadRecord is plain old data valid for any bit pattern.
+    Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) })
 }
 
 /// `comm` as text (up to the first NUL).

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
 use tokio::io::unix::AsyncFd;
-use tracer_common::{IoRecord, WaitRecord, flag, kind, own};
+use tracer_common::{AheadRecord, IoRecord, WaitRecord, flag, kind, own};
 
 use crate::{
     kernel::causes::WaitReader,
@@ -30,6 +30,9 @@ pub struct Io<'a> {
     pub layers: &'a [LayerSplit],
     /// Its submitter's waits inside its phases (config `causes`), in the order they ended.
     pub waits: &'a [Wait],
+    /// A request's numbers among its disk's G's and D's (config `causes`, tracerd's own
+    /// programs), from which who went ahead of it counts.
+    pub ahead: Option<&'a AheadRecord>,
 }
 
 /// How often the ring buffer is drained when the kernel has not woken us, while records come.
@@ -56,6 +59,31 @@ pub struct Session {
     poll: Duration,
     /// With causes on: wait records read, and those whose IO's record has not come yet.
     waits: Option<Waits>,
+    /// Requests' numbers (config `causes`), until their records come.
+    numbered: Numbered,
+}
+
+/// Requests' numbers among their disk's G's and D's, sent at their D, until their record comes
+/// at C. A request is issued again only after it completed, so its address names one request.
+#[derive(Default)]
+struct Numbered(std::collections::HashMap<u64, AheadRecord>);
+
+impl Numbered {
+    /// More requests than any machine has in flight: numbers left here are those of requests
+    /// whose record was lost (counted where it was lost), kept until the address is reused.
+    const MAX: usize = 1 << 18;
+
+    fn put(&mut self, a: AheadRecord) {
+        if self.0.len() >= Numbered::MAX && !self.0.contains_key(&a.id) {
+            tracing::warn!("{} requests numbered without a record: dropped their numbers", self.0.len());
+            self.0.clear();
+        }
+        self.0.insert(a.id, a);
+    }
+
+    fn take(&mut self, id: u64) -> Option<AheadRecord> {
+        if self.0.is_empty() { None } else { self.0.remove(&id) }
+    }
 }
 
 /// Waits as the reader joins them to their IOs.
@@ -80,7 +108,7 @@ impl Session {
         let resolved = selection.resolve(&topo)?;
         let opts = LoadOptions { targets: resolved.targets().count(), ..opts.clone() };
         let mut tracer = Tracer::load(&opts)?;
-        tracer.set_devices(&resolved.kernel_devs, &resolved.paths, &bio_based(&topo))?;
+        tracer.set_devices(&resolved.kernel_devs, &resolved.paths, &topo)?;
         let waits = match tracer.causes_on() {
             true => Some(Waits {
                 reader: WaitReader::new(tracer.take_stacks()?),
@@ -107,6 +135,7 @@ impl Session {
             rescan: Rescan::default(),
             poll: POLL_INTERVAL,
             waits,
+            numbered: Numbered::default(),
         })
     }
 
@@ -130,7 +159,7 @@ impl Session {
         match self.selection.resolve(&topo) {
             Ok(resolved) => {
                 if resolved != self.resolved {
-                    self.tracer.set_devices(&resolved.kernel_devs, &resolved.paths, &bio_based(&topo))?;
+                    self.tracer.set_devices(&resolved.kernel_devs, &resolved.paths, &topo)?;
                     self.resolved = resolved;
                     // New devices may come with their modules (md, dm): probe their submit paths
                     // and read their BTF.
@@ -182,6 +211,7 @@ impl Session {
             decode_errors: &mut self.own_lost.decode_error,
             wakeups_unseen: &mut self.own_lost.wakeup_unseen,
             waits: self.waits.as_mut(),
+            numbered: &mut self.numbered,
             ops: &self.tracer.ops,
         };
         let n = match tokio::time::timeout(self.poll, self.events.readable_mut()).await {
@@ -213,6 +243,7 @@ impl Session {
             decode_errors: &mut self.own_lost.decode_error,
             wakeups_unseen: &mut self.own_lost.wakeup_unseen,
             waits: self.waits.as_mut(),
+            numbered: &mut self.numbered,
             ops: &self.tracer.ops,
         };
         let n = reader.drain(self.events.get_mut(), f);
@@ -229,6 +260,7 @@ struct Reader<'a> {
     decode_errors: &'a mut u64,
     wakeups_unseen: &'a mut u64,
     waits: Option<&'a mut Waits>,
+    numbered: &'a mut Numbered,
     ops: &'a OpDecoder,
 }
 
@@ -239,6 +271,16 @@ impl Reader<'_> {
         let mut newest_ns = 0;
         while let Some(item) = ring.next() {
             n += 1;
+            if item.len() == size_of::<AheadRecord>() {
+                match record::decode_ahead(&item) {
+                    Ok(a) => self.numbered.put(a),
+                    Err(e) => {
+                        *self.decode_errors += 1;
+                        tracing::debug!("undecodable record: {e}");
+                    }
+                }
+                continue;
+            }
             if item.len() == size_of::<WaitRecord>() {
                 match (record::decode_wait(&item), self.waits.as_deref_mut()) {
                     (Ok(rec), Some(w)) => {
@@ -300,7 +342,18 @@ impl Reader<'_> {
                     }
                     _ => Vec::new(),
                 };
-                f(&Io { target, rec: &rec, layers: &splits[..n_splits], waits: &waits }, self.topo);
+                let ahead = match rec.kind {
+                    kind::REQUEST => self.numbered.take(rec.id),
+                    _ => None,
+                };
+                let io = Io {
+                    target,
+                    rec: &rec,
+                    layers: &splits[..n_splits],
+                    waits: &waits,
+                    ahead: ahead.as_ref(),
+                };
+                f(&io, self.topo);
             }
         }
         if let Some(w) = self.waits.as_deref_mut()
@@ -310,11 +363,6 @@ impl Reader<'_> {
         }
         n
     }
-}
-
-/// Bio-based devices (no `mq/`): their bios get no G (`DeviceState::bio_based`).
-fn bio_based(topo: &Topology) -> std::collections::HashSet<u32> {
-    topo.devices().filter(|d| !d.request_based).map(|d| d.dev).collect()
 }
 
 /// Resolves on SIGINT or SIGTERM.

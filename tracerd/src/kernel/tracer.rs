@@ -30,6 +30,7 @@ use crate::{
     kernel::slot_view::SlotView,
     kernel::stacking::{self, Chain, ChainState},
     model::op::OpDecoder,
+    model::topology::Topology,
 };
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("TRACERD_EBPF_OBJECT"));
@@ -477,13 +478,9 @@ impl Tracer {
     }
 
     /// Makes the kernel trace exactly `devs` (kernel `dev_t`s), of which `paths` are NVMe
-    /// multipath path disks; keeps counters of kept devices.
-    pub fn set_devices(
-        &mut self,
-        devs: &HashSet<u32>,
-        paths: &HashSet<u32>,
-        bio_based: &HashSet<u32>,
-    ) -> Result<()> {
+    /// multipath path disks; keeps counters of kept devices. `topo` tells bio-based devices
+    /// and each partition's disk.
+    pub fn set_devices(&mut self, devs: &HashSet<u32>, paths: &HashSet<u32>, topo: &Topology) -> Result<()> {
         let mut map: BpfHashMap<_, u32, DeviceState> =
             BpfHashMap::try_from(self.ebpf.map_mut(names::DEVICES).context("DEVICES map")?)?;
         let present: HashSet<u32> = map.keys().filter_map(Result::ok).collect();
@@ -502,8 +499,11 @@ impl Tracer {
         for dev in devs.difference(&present) {
             let index = self.indices.take(*dev).with_context(full)?;
             let path = paths.contains(dev) as u32;
-            let bio_based = bio_based.contains(dev) as u32;
-            map.insert(dev, DeviceState { in_flight: 0, index, path, bio_based }, 0).with_context(full)?;
+            let known = topo.get(*dev);
+            let bio_based = known.is_some_and(|d| !d.request_based) as u32;
+            let disk = known.and_then(|d| topo.by_name(&d.disk)).map_or(*dev, |d| d.dev);
+            let state = DeviceState { index, path, bio_based, disk, ..DeviceState::default() };
+            map.insert(dev, state, 0).with_context(full)?;
         }
         for dev in gone {
             self.release_series(dev)?;

@@ -108,7 +108,9 @@ pub enum Waker {
     Task { tid: u32, comm: String, function: Option<String> },
     /// An interrupt completing no IO woke it (a timer, another device).
     Interrupt { function: Option<String> },
-    /// It ran again with no wakeup seen (it was preempted, not asleep).
+    /// It was preempted, not asleep: the task the scheduler ran in its place.
+    Preempted { tid: u32, comm: String },
+    /// It ran again with no wakeup seen.
     None,
 }
 

@@ -10,6 +10,7 @@ use tracer_common::{event, flag, kernel_ts, kind, own};
 use crate::{
     kernel::record::comm,
     kernel::session::Io,
+    model::ahead::Order,
     model::causes::{Wait, Waker, time_by_cause},
     model::cgroups::Named,
     model::layers::Phase,
@@ -87,6 +88,10 @@ pub struct SnoopLine<'a> {
     /// With `causes_ns`: the rest of its Q2C, which no cause explains.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unexplained_ns: Option<u64>,
+    /// Requests that went ahead of it (config `causes`, tracerd's own programs): allocated
+    /// between its Q and its G (`Q2G`), issued between its I and its D (`I2D`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub ahead: BTreeMap<Order, u32>,
 }
 
 /// One wait of an IO's submitter (`model::causes::Wait`), as JSON.
@@ -126,6 +131,11 @@ pub enum WakerLine<'a> {
     Interrupt {
         function: Option<&'a str>,
     },
+    /// Preempted, not woken: the task that ran in its place.
+    Preempted {
+        tid: u32,
+        comm: &'a str,
+    },
     None,
 }
 
@@ -150,6 +160,7 @@ impl<'a> WaitLine<'a> {
                     WakerLine::Task { tid: *tid, comm, function: function.as_deref() }
                 }
                 Waker::Interrupt { function } => WakerLine::Interrupt { function: function.as_deref() },
+                Waker::Preempted { tid, comm } => WakerLine::Preempted { tid: *tid, comm },
                 Waker::None => WakerLine::None,
             },
             stack: &w.stack,
@@ -259,6 +270,10 @@ pub fn line<'a>(
         waits: io.waits.iter().map(|w| WaitLine::of(w, topo)).collect(),
         causes_ns,
         unexplained_ns,
+        ahead: io
+            .ahead
+            .map(|a| Order::ALL.into_iter().filter_map(|o| Some((o, o.count(a)?))).collect())
+            .unwrap_or_default(),
     }
 }
 

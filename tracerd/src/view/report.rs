@@ -99,6 +99,10 @@ pub struct DeviceReport {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub uppers: Vec<String>,
     pub ops: Vec<OpReport>,
+    /// Who went ahead of this disk's IOs while they waited for a tag or in the scheduler
+    /// (config `causes`, tracerd's own programs): one row per waiting group, op and stage.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ahead: Vec<crate::model::ahead::AheadRow>,
 }
 
 #[derive(Debug, Serialize)]

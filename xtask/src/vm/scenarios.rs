@@ -474,7 +474,8 @@ echo "VM-RESULT-END cgroups""#;
 /// tracepoints, its tag wait path, loop devices short of tags. Then seed 000's array: md raid1
 /// with an internal bitmap (md5 over ram27, ram28), 20 writes half a second apart, with md's
 /// default safe mode delay (0.2 s: each write finds the array clean and waits for md to mark it
-/// dirty in both superblocks) and with it raised to 60 s (the control).
+/// dirty in both superblocks) and with it raised to 60 s (the control). Then who went ahead: a
+/// quiet reader and a flood from another cgroup on a null_blk disk behind mq-deadline.
 const CAUSES: &str = r#"ip link set lo up
 mkdir -p /dev/shm && mountpoint -q /dev/shm || mount -t tmpfs tmpfs /dev/shm
 echo "VM-RESULT-BEGIN causes"
@@ -495,7 +496,32 @@ trace_start causes_md_control snoop --json --causes --device md5
 spaced_writes
 trace_stop causes_md_control
 for t in causes_md_delay causes_md_safe_mode causes_md_control; do emit $t; done
-mdadm --stop /dev/md5 || echo "VM-WARNING mdadm --stop /dev/md5 failed""#;
+mdadm --stop /dev/md5 || echo "VM-WARNING mdadm --stop /dev/md5 failed"
+# Who went ahead: two cgroups on nullb4 behind mq-deadline (64 driver tags, 50 ms a read, so
+# requests wait in the scheduler): 20 reads one at a time from one alone (the control), then
+# beside a flood of 256 reads in flight from the other, started first, stopped once they are done.
+# (busybox has no `mountpoint`; the cgroups scenario may have mounted it already)
+grep -q ' /sys/fs/cgroup cgroup2 ' /proc/mounts || mount -t cgroup2 none /sys/fs/cgroup || vm_fail "mount cgroup2"
+mkdir -p /sys/fs/cgroup/flood /sys/fs/cgroup/quiet
+# in_cgroup CGROUP COMMAND...: the command as a process of its own inside CGROUP ($! is its pid).
+in_cgroup() { cg=$1; shift; exec sh -c "echo \$\$ > /sys/fs/cgroup/$cg/cgroup.procs && exec \"\$@\"" sh "$@"; }
+scheduler=$(sed 's/.*\[\(.*\)\].*/\1/' /sys/block/nullb4/queue/scheduler)
+echo mq-deadline > /sys/block/nullb4/queue/scheduler || vm_fail "mq-deadline on nullb4"
+trace_start causes_ahead_alone report --json --causes --duration 600 --device nullb4
+(in_cgroup quiet /bin/iogen /dev/nullb4 read 20 4096 1 > /dev/null)
+trace_stop causes_ahead_alone
+trace_start causes_ahead_flood report --json --causes --duration 600 --device nullb4
+(in_cgroup flood /bin/iogen /dev/nullb4 read 100000000 4096 256 > /dev/null) &
+flood=$!
+reads_from() { [ "$(awk '{print $1}' /sys/block/nullb4/stat)" -ge $(($1 + 500)) ]; }
+vm_until "the flood on nullb4 never started" reads_from "$(awk '{print $1}' /sys/block/nullb4/stat)"
+(in_cgroup quiet /bin/iogen /dev/nullb4 read 20 4096 1 > /dev/null)
+kill -0 $flood && echo "the flood outlasted the quiet reads" > /tmp/causes_ahead_outlasted.out
+kill $flood; wait $flood
+trace_stop causes_ahead_flood
+echo "$scheduler" > /sys/block/nullb4/queue/scheduler
+rmdir /sys/fs/cgroup/flood /sys/fs/cgroup/quiet
+for t in causes_ahead_alone causes_ahead_flood causes_ahead_outlasted; do emit $t; done"#;
 
 /// What tracerd sees in this kernel, for the log and tests/tests/vm/doctor.rs: `doctor` with its load
 /// test (BTF, layout paths, each hook's variant and attach type, kprobes), as text and JSON.
@@ -565,7 +591,7 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { name: "nvme_ana", needs: &["null_blk", "nvmet", "nvmet-tcp", "nvme-tcp"], body: NVME_ANA },
     Scenario { name: "host_kernel", needs: &["loop"], body: HOST_KERNEL },
     Scenario { name: "cgroups", needs: &["loop"], body: CGROUPS },
-    Scenario { name: "causes", needs: &["loop", "brd", "raid1"], body: CAUSES },
+    Scenario { name: "causes", needs: &["loop", "brd", "raid1", "null_blk"], body: CAUSES },
 ];
 
 /// Every scenario's name, in order.

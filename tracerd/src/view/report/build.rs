@@ -137,6 +137,7 @@ impl Report {
                         lowers: known.map(|d| d.lowers.clone()).unwrap_or_default(),
                         uppers: known.map(|d| d.uppers.clone()).unwrap_or_default(),
                         ops: vec![op_report],
+                        ahead: Vec::new(),
                     })
                 }
             }
@@ -153,6 +154,18 @@ impl Report {
             slowest: vec![],
             by_cgroup: vec![],
         }
+    }
+
+    /// Adds who went ahead of each disk's waiting IOs, by group (config `causes`).
+    pub fn with_ahead(mut self, ahead: &crate::model::ahead::Ahead, topo: &Topology) -> Report {
+        for (disk, rows) in ahead.rows() {
+            let name = topo.name_of(disk);
+            match self.devices.iter_mut().find(|d| d.device == name) {
+                Some(d) => d.ahead = rows,
+                None => tracing::debug!("who went ahead: {name} has no table of its own"),
+            }
+        }
+        self
     }
 
     /// Adds the tables of each cgroup's aggregate (`--by cgroup`).

@@ -64,6 +64,7 @@ impl Report {
             for op in &d.ops {
                 render_op(&mut out, &d.label, op, style);
             }
+            render_ahead(&mut out, d, style);
         }
         for c in &self.by_cgroup {
             let name = if c.cgroup.is_empty() { "(unknown)" } else { &c.cgroup };
@@ -351,6 +352,61 @@ fn render_waits(out: &mut String, op: &OpReport, style: Style) {
         style,
         &[(Align::Left, 6), (Align::Left, 13), right, right, right, (Align::Right, 7)],
         &["phase", "cause", "waits", "time", "mean", "share"],
+        &rows,
+    );
+}
+
+/// Who went ahead of the disk's waiting IOs: per waiting group, op and stage, the requests
+/// allocated or issued while they waited, by group (the three largest, then the rest).
+fn render_ahead(out: &mut String, d: &DeviceReport, style: Style) {
+    let waited: Vec<_> = d.ahead.iter().filter(|r| r.waited > 0).collect();
+    if waited.is_empty() {
+        return;
+    }
+    let title =
+        format!("{}: who went ahead of IOs that waited (for a tag: Q2G; in the scheduler: I2D)", d.label);
+    let _ = writeln!(out, "\n{}", style.bold(&title));
+    let pct = |n: u64, of: u64| format!("{:.1}%", 100.0 * n as f64 / of.max(1) as f64);
+    let rows: Vec<Vec<String>> = waited
+        .iter()
+        .map(|r| {
+            let mut by: Vec<String> =
+                r.by.iter().take(3).map(|b| format!("{} {}", b.group, pct(b.requests, r.ahead))).collect();
+            let rest: u64 = r.by.iter().skip(3).map(|b| b.requests).sum();
+            if rest > 0 {
+                by.push(format!("others {}", pct(rest, r.ahead)));
+            }
+            if r.unrecorded > 0 {
+                by.push(format!("unrecorded {}", pct(r.unrecorded, r.ahead)));
+            }
+            if r.partial {
+                by.push("(partial)".into());
+            }
+            vec![
+                r.group.clone(),
+                r.op.as_str().to_owned(),
+                r.stage.stage().to_owned(),
+                format!("{}/{}", r.waited, r.ios),
+                r.ahead.to_string(),
+                format!("{:.1}", r.ahead as f64 / r.waited.max(1) as f64),
+                by.join(", "),
+            ]
+        })
+        .collect();
+    let right = (Align::Right, 9);
+    write_table(
+        out,
+        style,
+        &[
+            (Align::Left, 12),
+            (Align::Left, 5),
+            (Align::Left, 5),
+            (Align::Right, 13),
+            right,
+            right,
+            (Align::Left, 0),
+        ],
+        &["waiting", "op", "stage", "waited/IOs", "ahead", "per IO", "ahead by"],
         &rows,
     );
 }
