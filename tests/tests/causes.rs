@@ -361,3 +361,80 @@ fn report_capture_and_diff_show_the_tag_waits_that_fewer_tags_add() {
     let (_, text, _) = tracerd_output(&["diff", &a, &b]);
     assert!(text.contains("waits per request, by cause"), "{text}");
 }
+
+/// Switches `dev`'s IO scheduler back and forth until `done`; returns the switching thread's id
+/// and the number of switches. Each switch freezes the queue: IOs queued meanwhile wait.
+fn switch_schedulers(dev: &LoopDevice, done: &std::sync::atomic::AtomicBool) -> (u32, u64) {
+    use std::sync::atomic::Ordering;
+    let path = format!("/sys/block/{}/queue/scheduler", dev.name);
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() } as u32;
+    let mut switches = 0;
+    while !done.load(Ordering::Relaxed) {
+        for s in ["mq-deadline", "none"] {
+            std::fs::write(&path, s).unwrap_or_else(|e| panic!("{path} <- {s}: {e}"));
+            switches += 1;
+        }
+    }
+    (tid, switches)
+}
+
+/// The waits of `line` with cause `cause`.
+fn waits_of<'a>(line: &'a Value, cause: &str) -> Vec<&'a Value> {
+    line["waits"].as_array().into_iter().flatten().filter(|w| w["cause"] == cause).collect()
+}
+
+#[test]
+fn ios_queued_while_a_scheduler_switch_froze_the_queue_wait_for_the_switch_to_unfreeze_it() {
+    require_root();
+    let dev = loop_with_all_tags();
+    std::fs::write(format!("/sys/block/{}/queue/scheduler", dev.name), "none").unwrap();
+    let w = Workload { write: true, count: 500, size: 4096, qd: 1 };
+
+    // The control: the same load, the scheduler left alone.
+    let (control, stderr) = snoop_causes(&[&dev], || run_concurrently(&[&dev], 4, w));
+    assert_eq!(control.len() + missed_in_text(&stderr) as usize, 4 * 500);
+    let frozen: usize = control.iter().map(|l| waits_of(l, "queue_frozen").len()).sum();
+    assert_eq!(frozen, 0, "no scheduler switch, and {frozen} waits for a frozen queue");
+
+    // Four submitters, one IO each in flight, while another thread switches the scheduler.
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let mut switcher = (0, 0);
+    let (lines, stderr) = snoop_causes(&[&dev], || {
+        std::thread::scope(|s| {
+            let switching = s.spawn(|| switch_schedulers(&dev, &done));
+            run_concurrently(&[&dev], 4, w);
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            switcher = switching.join().unwrap();
+        })
+    });
+    let (switcher_tid, switches) = switcher;
+    assert_eq!(lines.len() + missed_in_text(&stderr) as usize, 4 * 500);
+    let held: Vec<&Value> = lines.iter().filter(|l| !waits_of(l, "queue_frozen").is_empty()).collect();
+    println!("{switches} switches; {} IOs waited for a frozen queue", held.len());
+    assert!(held.len() >= 10, "{switches} switches, and only {} IOs waited for the queue", held.len());
+    let (mut by_switcher, mut frozen_ns, mut q2g_ns) = (0, 0, 0);
+    for l in &held {
+        let waits = waits_of(l, "queue_frozen");
+        for w in &waits {
+            assert_eq!(w["phase"], "q2g", "the queue is entered between Q and G: {w}");
+            let f = w["function"].as_str().unwrap_or_default();
+            assert!(f.ends_with("queue_enter"), "waited in {f}: {w}");
+        }
+        // Woken with the other waiters when the frozen queue's last reference is dropped (the
+        // freeze has drained), a submitter finds the queue still frozen and sleeps on; the
+        // wakeup that lets it in is the unfreeze, made by the task that switched the scheduler.
+        let last = &waits.last().unwrap()["waker"];
+        if last["kind"] == "task" && last["tid"] == switcher_tid {
+            by_switcher += 1;
+        }
+        frozen_ns += l["causes_ns"]["queue_frozen"].as_u64().unwrap();
+        q2g_ns += ns(&l["stages_ns"]["q2g"]);
+    }
+    assert!(by_switcher * 10 >= held.len() * 9, "{by_switcher} of {} were let in by the switch", held.len());
+    // The freezes took these IOs' time before G.
+    assert!(
+        frozen_ns <= q2g_ns && frozen_ns * 10 >= q2g_ns * 9,
+        "frozen {frozen_ns} ns of these IOs' Q2G, {q2g_ns} ns"
+    );
+}
