@@ -571,6 +571,18 @@ pub fn missed_completions(m: &Metrics) -> u64 {
 /// The lost-event reasons of a missed completion: seen at the request's next issue, or swept.
 pub const MISSED_REASONS: [&str; 2] = ["missed_completion", "stale_request"];
 
+/// What doctor's `verifier` check names: the program, the instructions the verifier processed
+/// of it, and their share of its limit in per cent.
+pub fn verifier_figures(check: &serde_json::Value) -> (String, u64, u64) {
+    let detail = check["detail"].as_str().unwrap_or_default();
+    let number = |after: &str| -> u64 {
+        let text = detail.split(after).nth(1).and_then(|t| t.split(' ').next());
+        text.and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("no number after {after:?}: {check}"))
+    };
+    let program = detail.split(", ").nth(1).unwrap_or_default().to_owned();
+    (program, number(" took "), number(" instructions ("))
+}
+
 /// [`missed_completions`] from the `lost` object of `report --json` or a capture.
 pub fn missed_in_lost(lost: &serde_json::Value) -> u64 {
     MISSED_REASONS.iter().filter_map(|r| lost[*r].as_u64()).sum()

@@ -672,6 +672,12 @@ fn doctor_checks_this_kernel_and_says_what_privileges_change() {
     for k in tracerd::kernel::hooks::KPROBES {
         check(&checks, &format!("kprobe:{}", k.function));
     }
+    // The kernel (5.16 and later) says what its verifier processed of each program loaded: the
+    // check names the program with the most, and how many.
+    let verifier = check(&checks, "verifier");
+    let (program, took, _) = tracerd_tests::verifier_figures(verifier);
+    assert!(program.starts_with("btf_") || program.starts_with("raw_"), "a tracepoint's program: {verifier}");
+    assert!(took > 0 && took < 1_000_000, "{verifier}");
     // Without privileges: a FAIL for them with what to do, the rest still checked, no panic.
     let (status, checks, err) = doctor(&NOBODY, &["--json"]);
     assert_eq!(status.code(), Some(1), "{checks:#?}\n{err}");
@@ -685,6 +691,7 @@ fn doctor_checks_this_kernel_and_says_what_privileges_change() {
         assert_eq!(c["status"], "warn", "not checked without privileges: {c}");
         assert!(c["advice"].is_string(), "{c}");
     }
+    assert!(checks.iter().all(|c| c["name"] != "verifier"), "nothing was loaded: {checks:#?}");
     // The text form ends with the verdict naming the first failure, without colour in a pipe.
     let (status, text, _) = doctor(&NOBODY, &[]);
     assert_eq!(status.code(), Some(1));

@@ -40,7 +40,7 @@ pub use kprobes::kallsyms_lookup;
 use agent::{agent_check, aggregation_check};
 use bpf::{
     LoadTest, bpf_stats_check, create_ring_buffer, load_check, recursion_check, ring_buffer_check,
-    unprivileged_bpf_check,
+    unprivileged_bpf_check, verifier_check,
 };
 use btf::btf_checks;
 use devices::{chain_checks, devices_check};
@@ -86,12 +86,12 @@ fn run_checks(load: bool, socket: &std::path::Path) -> Vec<Check> {
     } else {
         match Tracer::load(&LoadOptions::default()) {
             // Dropping the tracer detaches and unloads everything it attached.
-            Ok(t) => LoadTest::Loaded(t.hooks.clone()),
+            Ok(t) => LoadTest::Loaded(t.hooks.clone(), t.verified_instructions()),
             Err(e) => LoadTest::Failed(format!("{e:#}")),
         }
     };
     let attached = match &load_test {
-        LoadTest::Loaded(hooks) => Some(hooks.as_slice()),
+        LoadTest::Loaded(hooks, _) => Some(hooks.as_slice()),
         _ => None,
     };
     checks.extend(tracepoint_checks(btf.as_ref(), attached));
@@ -118,6 +118,7 @@ fn run_checks(load: bool, socket: &std::path::Path) -> Vec<Check> {
     checks.push(aggregation_check(aya::util::nr_cpus().map_or(1, |n| n), devices.len()));
     checks.push(agent_check(socket, api::call(socket, &api::Request::Status {}, "status")));
     checks.push(load_check(&load_test));
+    checks.extend(verifier_check(&load_test));
     checks.push(bpf_stats_check(read_sysctl("bpf_stats_enabled").as_deref()));
     checks.push(recursion_check(btf.as_ref()));
     checks.push(unprivileged_bpf_check(read_sysctl("unprivileged_bpf_disabled").as_deref()));

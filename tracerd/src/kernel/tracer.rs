@@ -398,6 +398,15 @@ impl Tracer {
         }
     }
 
+    /// The instructions the verifier processed of each loaded program, by name (kernels from
+    /// 5.16 report them).
+    pub fn verified_instructions(&self) -> Vec<(String, u32)> {
+        self.ebpf
+            .programs()
+            .filter_map(|(name, p)| Some((name.to_owned(), p.info().ok()?.verified_instruction_count()?)))
+            .collect()
+    }
+
     /// Whether the wait hooks run (config `causes`, and the scheduler's hooks attached).
     pub fn causes_on(&self) -> bool {
         self.hooks.iter().any(|h| h.hook == "sched_switch" && h.attached())

@@ -21,9 +21,17 @@ pub(super) enum LoadTest {
     Skipped,
     Unprivileged,
     Failed(String),
-    /// Every hook's status, tracepoints first (as `Tracer::hooks`).
-    Loaded(Vec<HookStatus>),
+    /// Every hook's status, tracepoints first (as `Tracer::hooks`), and what the verifier
+    /// processed of each loaded program (`Tracer::verified_instructions`).
+    Loaded(Vec<HookStatus>, Vec<(String, u32)>),
 }
+
+/// The instructions the verifier processes of one program before it gives up
+/// (BPF_COMPLEXITY_LIMIT_INSNS, for a privileged loader).
+const VERIFIER_LIMIT: u32 = 1_000_000;
+
+/// Share of [`VERIFIER_LIMIT`] from which a program is reported as close to it.
+const VERIFIER_WARN_PERCENT: u32 = 80;
 
 /// Creates and closes a BPF ring buffer map of `bytes` (BPF_MAP_CREATE).
 pub(super) fn create_ring_buffer(bytes: u32) -> std::io::Result<()> {
@@ -112,7 +120,7 @@ pub(super) fn load_check(test: &LoadTest) -> Check {
             Check::new("load", Status::Fail, format!("loading tracerd's programs failed: {e}"))
                 .advice("fix what the message says; `tracerd run` would fail the same way")
         }
-        LoadTest::Loaded(hooks) => {
+        LoadTest::Loaded(hooks, _) => {
             let (tps, kps) = hooks.split_at(HOOKS.len().min(hooks.len()));
             let count = |how: &str| tps.iter().filter(|s| s.attach_type == Some(how)).count();
             let tp_ok = tps.iter().filter(|s| s.attached()).count();
@@ -131,6 +139,36 @@ pub(super) fn load_check(test: &LoadTest) -> Check {
             )
         }
     }
+}
+
+/// How close the loaded programs came to the verifier's limit: the same program is verified
+/// anew on every kernel, and a kernel whose verifier explores more paths refuses one that
+/// another accepts. None where nothing was loaded (the load check says why).
+pub(super) fn verifier_check(test: &LoadTest) -> Option<Check> {
+    let LoadTest::Loaded(_, programs) = test else { return None };
+    let Some((name, most)) = programs.iter().max_by_key(|(_, n)| *n) else {
+        return Some(Check::new(
+            "verifier",
+            Status::Ok,
+            "this kernel does not report how many instructions its verifier processed (before 5.16)",
+        ));
+    };
+    let percent = u64::from(*most) * 100 / u64::from(VERIFIER_LIMIT);
+    let detail = format!(
+        "the most complex of {} programs, {name}, took {most} of the verifier's {VERIFIER_LIMIT} \
+         instructions ({percent} %)",
+        programs.len()
+    );
+    Some(if percent >= u64::from(VERIFIER_WARN_PERCENT) {
+        Check::new(
+            "verifier",
+            Status::Warn,
+            format!("{detail}: a kernel whose verifier explores more paths may refuse it"),
+        )
+        .advice("report it with the output of `tracerd doctor --json`: the program must get simpler")
+    } else {
+        Check::new("verifier", Status::Ok, detail)
+    })
 }
 
 pub(super) fn bpf_stats_check(value: Option<&str>) -> Check {
@@ -217,7 +255,7 @@ mod tests {
             program: None,
             reason: Some("no kprobes".into()),
         }));
-        let c = load_check(&LoadTest::Loaded(hooks));
+        let c = load_check(&LoadTest::Loaded(hooks, Vec::new()));
         assert_eq!(c.status, Status::Ok);
         let n = HOOKS.len();
         assert!(
@@ -253,5 +291,26 @@ mod tests {
             assert_eq!(unprivileged_bpf_check(v).status, Status::Ok);
             assert_eq!(bpf_stats_check(v).status, Status::Ok);
         }
+    }
+
+    #[test]
+    fn verifier_check_names_the_program_closest_to_the_limit() {
+        let loaded = |counts: &[(&str, u32)]| {
+            LoadTest::Loaded(Vec::new(), counts.iter().map(|(n, c)| ((*n).to_owned(), *c)).collect())
+        };
+        assert!(verifier_check(&LoadTest::Skipped).is_none());
+        assert!(verifier_check(&LoadTest::Failed("E2BIG".into())).is_none());
+        let c = verifier_check(&loaded(&[
+            ("btf_block_rq_issue_a0", 2074),
+            ("btf_block_rq_complete_a0", 412_000),
+        ]))
+        .unwrap();
+        assert_eq!(c.status, Status::Ok);
+        assert!(c.detail.contains("of 2 programs, btf_block_rq_complete_a0, took 412000 of"), "{}", c.detail);
+        assert!(c.detail.ends_with("(41 %)"), "{}", c.detail);
+        let c = verifier_check(&loaded(&[("btf_block_rq_complete_a0", 800_000)])).unwrap();
+        assert_eq!(c.status, Status::Warn, "{}", c.detail);
+        assert!(c.advice.is_some());
+        assert_eq!(verifier_check(&loaded(&[])).unwrap().status, Status::Ok);
     }
 }
