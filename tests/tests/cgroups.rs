@@ -883,6 +883,9 @@ fn ahead_row<'a>(rows: &'a [Value], group: &str, stage: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {stage} row for {group}: {rows:?}"))
 }
 
+/// The quiet reader's reads beside the flood.
+const QUIET_BESIDE: u64 = 600;
+
 #[test]
 fn the_flood_that_took_the_tags_ahead_of_a_quiet_reader_is_named_by_its_cgroup() {
     require_root();
@@ -912,7 +915,7 @@ fn the_flood_that_took_the_tags_ahead_of_a_quiet_reader_is_named_by_its_cgroup()
         let before = reads_done(&dev);
         let started = eventually(|| reads_done(&dev) >= before + 1000);
         if started {
-            quiet.run(&[iogen, &dev.path, "read", "200", "4096", "1"]);
+            quiet.run(&[iogen, &dev.path, "read", &QUIET_BESIDE.to_string(), "4096", "1"]);
         }
         for f in &mut flood {
             assert!(f.try_wait().unwrap().is_none(), "a flood submitter ended early");
@@ -932,11 +935,15 @@ fn the_flood_that_took_the_tags_ahead_of_a_quiet_reader_is_named_by_its_cgroup()
         / n(q2g, "ahead").max(1) as f64;
     println!("beside the flood: {rows:?}");
     // A missed completion may be the flood's or the reader's.
-    assert!(n(q2g, "ios") <= 200 && n(q2g, "ios") + missed >= 200, "{missed} missed: {q2g}");
+    assert!(
+        n(q2g, "ios") <= QUIET_BESIDE && n(q2g, "ios") + missed >= QUIET_BESIDE,
+        "{missed} missed: {q2g}"
+    );
     // A quiet read that finds a tag free (the flood's submitters asleep until a batch of
-    // tags frees) waits for none: many do (under qemu, 191 of 200), so only enough waits to
-    // judge the shares are asked.
-    assert!(n(q2g, "waited") >= 5, "quiet reads waiting for a tag behind the flood: {q2g}");
+    // tags frees) waits for none: most do under qemu (198 of 200 on 6.12-rt). The requests
+    // ahead of one that waits are numbered exactly, so one wait is enough to judge whose
+    // they were; the reads are many so that some wait.
+    assert!(n(q2g, "waited") >= 1, "quiet reads waiting for a tag behind the flood: {q2g}");
     assert!(noisy_share >= 0.9, "the flood's share of the requests ahead: {noisy_share:.3}: {q2g}");
     assert!(n(q2g, "unrecorded") * 10 <= n(q2g, "ahead"), "requests ahead without a record: {q2g}");
     if missed > 0 {
