@@ -50,6 +50,20 @@ pub fn outcome<'a>(console: &'a str, name: &str) -> Outcome<'a> {
     }
 }
 
+/// How long each scenario that ran took, in guest seconds, from its `VM-ELAPSED name start end`
+/// line, in the order they ran.
+pub fn scenario_seconds(console: &str) -> Vec<(&str, f64)> {
+    console
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.strip_prefix("VM-ELAPSED ")?.split_whitespace();
+            let (name, start, end) =
+                (f.next()?, f.next()?.parse::<f64>().ok()?, f.next()?.parse::<f64>().ok()?);
+            Some((name, end - start))
+        })
+        .collect()
+}
+
 /// Why a result section could not be read.
 #[derive(Debug, PartialEq, Eq)]
 pub enum SectionError {
@@ -152,6 +166,13 @@ mod tests {
         assert_eq!(outcome(console, "md"), Outcome::Ran);
         assert!(matches!(outcome(console, "md_parity"), Outcome::Skipped(l) if l.ends_with("raid456 ")));
         assert_eq!(outcome(console, "dm_copy"), Outcome::Silent);
+    }
+
+    #[test]
+    fn scenario_durations() {
+        let console = "VM-SCENARIO md\nVM-ELAPSED md 10.50 70.25\n[   71.000000] md0: stopped\n\
+                       VM-ELAPSED cut 80.0\nVM-ELAPSED nvme 80.00 81.5\n";
+        assert_eq!(scenario_seconds(console), vec![("md", 59.75), ("nvme", 1.5)]);
     }
 
     #[test]

@@ -17,13 +17,16 @@ vm_missing() { for m in "$@"; do vm_listed "$m" "$absent" && printf '%s ' "$m"; 
 /// A scenario body that runs when the kernel command line's `scenarios=` lists NAME (or is
 /// `all`, the default), and the kernel has every module of `needs`; otherwise it prints
 /// `VM-SKIPPED NAME: ...` with the missing modules. Its output should put results between
-/// `VM-RESULT-BEGIN NAME` and `VM-RESULT-END NAME`.
+/// `VM-RESULT-BEGIN NAME` and `VM-RESULT-END NAME`. A scenario that ran ends with
+/// `VM-ELAPSED NAME START END` (the guest's uptime in seconds), which xtask sums up per run.
 pub fn scenario(name: &str, needs: &[&str], body: &str) -> String {
     let needs = needs.join(" ");
     format!(
         "if vm_wants {name}; then\n\
          if vm_have {needs}; then\n\
+         vm_t0=$(cut -d' ' -f1 /proc/uptime)\n\
          echo 'VM-SCENARIO {name}'\n{body}\n\
+         echo \"VM-ELAPSED {name} $vm_t0 $(cut -d' ' -f1 /proc/uptime)\"\n\
          else echo \"VM-SKIPPED {name}: kernel $(uname -r) has no module $(vm_missing {needs})\"; fi\nfi\n"
     )
 }
@@ -60,7 +63,20 @@ mod tests {
             );
             let out = Command::new("sh").arg("-c").arg(&script).output().unwrap();
             assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-            String::from_utf8(out.stdout).unwrap()
+            let out = String::from_utf8(out.stdout).unwrap();
+            // Each scenario that ran says how long it took; the rest is compared whole.
+            let elapsed: Vec<&str> = out.lines().filter(|l| l.starts_with("VM-ELAPSED ")).collect();
+            for l in &elapsed {
+                let f: Vec<&str> = l.split(' ').collect();
+                assert_eq!(f.len(), 4, "{l}");
+                assert!(f[2].parse::<f64>().unwrap() <= f[3].parse::<f64>().unwrap(), "{l}");
+            }
+            let ran = out.lines().filter(|l| l.starts_with("VM-SCENARIO ")).count();
+            assert_eq!(elapsed.len(), ran, "{out}");
+            out.lines()
+                .filter(|l| !l.starts_with("VM-ELAPSED "))
+                .map(|l| format!("{l}\n"))
+                .collect::<String>()
         };
         assert_eq!(guest("all", ""), "VM-SCENARIO md\nmd ran\nVM-SCENARIO cg\ncg ran\n");
         assert_eq!(guest("cg,doctor", ""), "VM-SCENARIO cg\ncg ran\n");

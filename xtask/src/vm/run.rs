@@ -8,7 +8,8 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use xtask::vm::console::{
-    DONE, HANG, Outcome, SETUP_DONE, SETUP_FAILED, has_line, line_starting, outcome, result_section, tail,
+    DONE, HANG, Outcome, SETUP_DONE, SETUP_FAILED, has_line, line_starting, outcome, result_section,
+    scenario_seconds, tail,
 };
 
 use super::{
@@ -214,6 +215,12 @@ pub fn run_scenarios(
         if !has_line(&console, marker) {
             return Err(report(&format!("the guest never printed {marker}")));
         }
+    }
+    // Where the guest's time went, so that the slowest scenarios are known.
+    let times: Vec<String> =
+        scenario_seconds(&console).iter().map(|(n, s)| format!("{n} {s:.0} s")).collect();
+    if !times.is_empty() {
+        eprintln!("xtask: vm-test: kernel {}: scenario times: {}", kernel.version, times.join(", "));
     }
     // What tracerd chose on this kernel, for the test log (tests/tests/vm/doctor.rs asserts it).
     if let Some(doctor) = result_section(&console, "doctor_text") {
