@@ -302,7 +302,7 @@ pub(crate) fn on_rq_complete<M: Mem>(rq: u64, error: u32, nr_bytes: u32) {
             note_completing(key, s.record.disk, s.record.ts[event::C]);
             slot_free(state);
             if path {
-                on_path_done(path_bios);
+                let _ = on_path_done(path_bios);
             }
             return;
         }
@@ -324,7 +324,7 @@ pub(crate) fn on_rq_complete<M: Mem>(rq: u64, error: u32, nr_bytes: u32) {
     note_completing(key, s.record.disk, s.record.ts[event::C]);
     slot_free(state);
     if path {
-        on_path_done(path_bios);
+        let _ = on_path_done(path_bios);
     }
 }
 

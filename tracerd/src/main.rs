@@ -13,7 +13,7 @@ use tracerd::{
     commands::snoop,
     commands::top,
     config::{Config, Flags},
-    kernel::tracer::LoadOptions,
+    kernel::tracer::{Aggregation, LoadOptions},
     model::aggregate,
     model::selection::Selection,
     source, view,
@@ -56,19 +56,23 @@ fn settings(trace: TraceArgs, own: Flags) -> Result<(Config, Selection, LoadOpti
     let config = Config::load(trace.config.as_deref(), flags)?;
     aggregate::set_histogram_range(config.histogram);
     let selection = Selection { names: config.include.clone(), exclude: config.exclude.clone() };
-    // The kernel skips its device filter only when every device is traced.
-    let all_devices = config.include.is_empty() && config.exclude.is_empty();
-    let opts = LoadOptions {
+    let opts = load_options(&config);
+    Ok((config, selection, opts))
+}
+
+/// What the config asks of the kernel side, for any command that loads programs.
+fn load_options(config: &Config) -> LoadOptions {
+    LoadOptions {
         ring_buffer_bytes: config.ring_buffer_bytes,
-        all_devices,
+        // The kernel skips its device filter only when every device is traced.
+        all_devices: config.include.is_empty() && config.exclude.is_empty(),
         attach: config.attach,
         no_kprobes: !config.kprobes,
         rq_qos: config.rq_qos,
         causes: config.causes,
         skip_hooks: config.skip_hooks.clone(),
         ..Default::default()
-    };
-    Ok((config, selection, opts))
+    }
 }
 
 /// The running agent's API socket, as a view finds it: the flag, else the config's
@@ -150,8 +154,14 @@ async fn dispatch(command: Command, color: ColorWhen) -> Result<()> {
             Ok(())
         }
         Command::Doctor { json, no_load, socket, config } => {
+            let config = Config::load(config.as_deref(), Flags { socket, ..Flags::default() })?;
+            // The load test loads what `tracerd run` would with this config: the most code the
+            // verifier has to accept.
+            let mut opts = load_options(&config);
+            opts.aggregation = Aggregation::Kernel;
+            opts.cgroups = config.cgroups.enabled();
             // A FAIL is a finding, already printed: exit 1 without an error line.
-            if !doctor::doctor(json, !no_load, &agent_socket(socket, config.as_deref())?, style)? {
+            if !doctor::doctor(json, (!no_load).then_some(&opts), &config.socket, style)? {
                 std::process::exit(1);
             }
             Ok(())

@@ -46,13 +46,14 @@ fn doctor_chooses_what_this_kernel_must_get() {
         assert!(c["detail"].as_str().unwrap().starts_with("links "), "{release}: {c}");
         eprintln!("  module_btf:{module}: {}", c["detail"].as_str().unwrap());
     }
-    // The verifier's work on the most complex program, which every kernel of the VM reports:
-    // a warning from 80 % of its limit. The figure is printed per kernel (6.1's verifier
-    // explores far more of the completion program than later ones).
+    // The verifier's work on the most complex program of what `run` loads, which every kernel
+    // of the VM reports: a warning from 80 % of its limit. Every kernel here has room to spare
+    // (6.1's verifier explores the most; a loop it walked once per path into it took the
+    // completion program to 94 % there).
     let verifier = checks.iter().find(|c| c["name"] == "verifier").expect("the verifier check");
     let (_, _, percent) = tracerd_tests::verifier_figures(verifier);
-    assert!(percent < 100, "{release}: {verifier}");
-    assert_eq!(verifier["status"], if percent >= 80 { "warn" } else { "ok" }, "{release}: {verifier}");
+    assert!(percent < 50, "{release}: the verifier's work nears its limit: {verifier}");
+    assert_eq!(verifier["status"], "ok", "{release}: {verifier}");
     eprintln!("  verifier: {}", verifier["detail"].as_str().unwrap());
     eprintln!("{}", log.join("\n"));
 }

@@ -51,7 +51,13 @@ use tracepoints::tracepoint_checks;
 
 /// Runs every check, prints them (text in `style`, or JSON); returns whether nothing FAILed.
 /// `socket`: where a running agent is looked for (the views' socket).
-pub fn doctor(json: bool, load: bool, socket: &std::path::Path, style: Style) -> Result<bool> {
+/// Runs every check and prints them. `load`: the options of the load test (none: skip it).
+pub fn doctor(
+    json: bool,
+    load: Option<&LoadOptions>,
+    socket: &std::path::Path,
+    style: Style,
+) -> Result<bool> {
     let checks = run_checks(load, socket);
     let mut out = std::io::stdout().lock();
     if json {
@@ -63,7 +69,7 @@ pub fn doctor(json: bool, load: bool, socket: &std::path::Path, style: Style) ->
     Ok(passed(&checks))
 }
 
-fn run_checks(load: bool, socket: &std::path::Path) -> Vec<Check> {
+fn run_checks(load: Option<&LoadOptions>, socket: &std::path::Path) -> Vec<Check> {
     let caps = tracer::effective_caps();
     let privileged = tracer::can_load(caps);
     // SAFETY: geteuid has no preconditions.
@@ -79,16 +85,14 @@ fn run_checks(load: bool, socket: &std::path::Path) -> Vec<Check> {
     checks.extend(btf_checks);
 
     // The load test first: its per-hook results complete the static hook checks below.
-    let load_test = if !load {
-        LoadTest::Skipped
-    } else if !privileged {
-        LoadTest::Unprivileged
-    } else {
-        match Tracer::load(&LoadOptions::default()) {
+    let load_test = match load {
+        None => LoadTest::Skipped,
+        Some(_) if !privileged => LoadTest::Unprivileged,
+        Some(opts) => match Tracer::load(opts) {
             // Dropping the tracer detaches and unloads everything it attached.
             Ok(t) => LoadTest::Loaded(t.hooks.clone(), t.verified_instructions()),
             Err(e) => LoadTest::Failed(format!("{e:#}")),
-        }
+        },
     };
     let attached = match &load_test {
         LoadTest::Loaded(hooks, _) => Some(hooks.as_slice()),
