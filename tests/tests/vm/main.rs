@@ -188,7 +188,7 @@ fn requests(report: &Value, device: &str, o: &str) -> u64 {
 fn assert_each_head_bio_served_once(lines: &[Value], head: &str, paths: &[&str]) -> (u64, u64, u64) {
     let mut waiting: BTreeMap<&str, Vec<&Value>> = BTreeMap::new();
     let (mut heads, mut served, mut failed_over) = (0, 0, 0);
-    for l in lines {
+    for (i, l) in lines.iter().enumerate() {
         if paths.iter().any(|p| l["device"] == *p) {
             assert_eq!(l["kind"], "request", "{l}");
             let parent = l["parent"].as_str().unwrap_or_else(|| panic!("a path request not linked: {l}"));
@@ -199,7 +199,18 @@ fn assert_each_head_bio_served_once(lines: &[Value], head: &str, paths: &[&str])
             let took = waiting.remove(l["id"].as_str().unwrap()).unwrap_or_default();
             let serving: Vec<&&Value> = took.iter().filter(|p| p["failed_over"] != true).collect();
             assert_eq!(serving.len(), 1, "one path request served head bio {l}: {took:?}");
-            assert_eq!((&l["op"], &l["sector"]), (&serving[0]["op"], &serving[0]["sector"]), "{l}");
+            assert_eq!(
+                (&l["op"], &l["sector"]),
+                (&serving[0]["op"], &serving[0]["sector"]),
+                "the path request that served head bio {l} is another IO's: {took:?}; the last lines with \
+                 its id before it: {:?}",
+                lines[..i]
+                    .iter()
+                    .filter(|x| x["id"] == l["id"] || x["parent"] == l["id"])
+                    .rev()
+                    .take(12)
+                    .collect::<Vec<_>>()
+            );
             let ios: u64 = l["layers"].as_array().unwrap().iter().map(|x| x["ios"].as_u64().unwrap()).sum();
             assert_eq!(ios, took.len() as u64, "every path request it took is a lower IO of it: {l}");
             assert_layers_add_up(l);
