@@ -56,7 +56,13 @@ pub mod own {
     pub const RESYNC: u8 = 3;
     /// md: a superblock or write-intent bitmap write.
     pub const SUPERBLOCK: u8 = 4;
-    pub const COUNT: usize = 5;
+    /// dm: a bio of dm-io, dm's own IO service: kcopyd's copies and zeroing (a thin pool
+    /// provisioning a block, a snapshot's copy-on-write), dm-mirror's writes.
+    pub const DM_IO: u8 = 5;
+    /// dm: a bio of dm-bufio, the block cache of a target's metadata (a thin pool's or
+    /// dm-cache's metadata device, dm-verity's hash tree).
+    pub const DM_BUFIO: u8 = 6;
+    pub const COUNT: usize = 7;
     /// Parent values below this are kinds.
     pub const LIMIT: u64 = 256;
 
@@ -72,6 +78,8 @@ pub mod own {
             PREREAD => "preread",
             RESYNC => "resync",
             SUPERBLOCK => "superblock",
+            DM_IO => "dm_io",
+            DM_BUFIO => "dm_bufio",
             _ => "unstated",
         }
     }
@@ -483,6 +491,12 @@ pub struct StackLayout {
     pub rq_tio_orig: u32,
     pub _pad2: u32,
     pub dm_rq_end: u64,
+    /// dm's own IO, by the function its bios end in (/proc/kallsyms): dm-io's `endio` (dm_mod:
+    /// kcopyd's copies and zeroing, dm-mirror's writes, dm-bufio's fallback) and dm-bufio's
+    /// `bio_complete` (a target's metadata blocks: the thin pool's, dm-cache's; verity's hash
+    /// tree). 0 where unresolved; with either, `bio_bi_end_io` is set.
+    pub dm_io_end: u64,
+    pub dm_bufio_end: u64,
 }
 
 /// Sectors of one raid5 stripe page (`RAID5_STRIPE_SECTORS`): md's default stripe size of
@@ -920,8 +934,9 @@ mod tests {
     fn an_own_kind_this_build_does_not_know_counts_as_unstated() {
         use super::own;
         assert_eq!(own::index(own::SUPERBLOCK), 4);
-        assert_eq!((own::index(5), own::index(255)), (0, 0));
-        assert_eq!(own::name(5), own::name(own::UNSTATED));
+        assert_eq!((own::index(7), own::index(255)), (0, 0));
+        assert_eq!(own::name(own::DM_BUFIO), "dm_bufio");
+        assert_eq!(own::name(7), own::name(own::UNSTATED));
     }
 
     #[test]

@@ -216,23 +216,29 @@ fn send_link(upper: u64, first: u64, dev: u32, sector: u64) {
     entry.submit(commit_flags());
 }
 
-/// At Q, the [`own`] kind of a bio md sends for itself without a remap: superblock and bitmap
-/// writes, raid1's and raid10's resync; 0 for any other.
+/// At Q, the [`own`] kind of a bio md or dm sends for itself without a remap: md's superblock
+/// and bitmap writes, raid1's and raid10's resync, dm-io's and dm-bufio's bios; 0 for any other.
+/// One read of the bio's end function, where any of them is resolved.
 #[inline(always)]
 pub(crate) fn queued_own_kind(s: &StackLayout, bio: u64) -> u64 {
-    if s.md_super_end == 0 {
+    if s.md_super_end == 0 && s.dm_io_end == 0 && s.dm_bufio_end == 0 {
         return 0;
     }
     let end: u64 = Probe::read(bio, s.bio_bi_end_io);
-    if end == s.md_super_end {
+    if end == 0 {
+        0
+    } else if end == s.md_super_end {
         own::SUPERBLOCK as u64
-    } else if end != 0
-        && (end == s.raid1_sync_read_end
-            || end == s.raid1_sync_write_end
-            || end == s.raid10_sync_read_end
-            || end == s.raid10_sync_write_end)
+    } else if end == s.raid1_sync_read_end
+        || end == s.raid1_sync_write_end
+        || end == s.raid10_sync_read_end
+        || end == s.raid10_sync_write_end
     {
         own::RESYNC as u64
+    } else if end == s.dm_io_end {
+        own::DM_IO as u64
+    } else if end == s.dm_bufio_end {
+        own::DM_BUFIO as u64
     } else {
         0
     }

@@ -97,6 +97,22 @@ fn dm_thin_writes_are_linked_through_the_pool_even_when_they_provision_a_block()
     assert_eq!(op(device(&r, &pool), "write")["unlinked"], own, "{pool}'s own IO");
     let meta = op(device(&r, "ram5"), "write");
     assert_eq!(meta["unlinked"], meta["requests"], "the metadata writes serve no upper IO: {meta}");
+    // And each is named by the function the kernel ends it in: the pool zeroes a new block
+    // through kcopyd (dm-io) and writes its metadata through dm-bufio (dm-io where dm-bufio
+    // could not allocate a bio).
+    let kinds = |o: &Value| -> BTreeMap<String, u64> {
+        serde_json::from_value(o["unlinked_kinds"].clone()).unwrap_or_default()
+    };
+    let pool_kinds = kinds(op(device(&r, &pool), "write"));
+    assert_eq!(pool_kinds, BTreeMap::from([("dm_io".to_string(), own)]), "{pool}'s zeroing");
+    let meta_kinds = kinds(meta);
+    let named = |k: &str| meta_kinds.get(k).copied().unwrap_or(0);
+    assert!(named("dm_bufio") > 0, "metadata through dm-bufio: {meta_kinds:?}");
+    assert_eq!(
+        named("dm_bufio") + named("dm_io"),
+        meta["requests"].as_u64().unwrap(),
+        "every metadata write named: {meta_kinds:?}"
+    );
     for (dev, o) in [("ram6", "write"), ("ram3", "write"), ("ram3", "read"), ("ram4", "read")] {
         assert!(op(device(&r, dev), o)["unlinked"].is_null(), "every {dev} {o} names its upper IO");
     }

@@ -90,6 +90,7 @@ pub fn resolve_with(
     let mut s = StackLayout::default();
     let mut chains = Vec::new();
     let bio_flags = vmlinux.member_offset("bio", &["bi_flags"]).ok();
+    let end_io = vmlinux.member_offset("bio", &["bi_end_io"]).ok();
     let cloned = vmlinux.enumerator("BIO_CLONED").and_then(|v| u32::try_from(v).ok()).filter(|&v| v < 16);
     // A module's BTF, or why there is none.
     let load = |name: &str| -> Result<Btf, ChainState> {
@@ -123,7 +124,15 @@ pub fn resolve_with(
         (s.dm, s.tio_clone, s.tio_magic, s.tio_io, s.io_magic, s.io_orig_bio) =
             (1, clone, tio_magic, tio_io, io_magic, orig);
         (s.bio_bi_flags, s.bio_cloned_bit) = (flags, bit);
-        Ok(format!("dm_target_io.clone at {clone}, dm_io.orig_bio at {orig}"))
+        // dm-io's bios (kcopyd's copies and zeroing, dm-mirror's writes) are dm's own IO.
+        let own = match (end_io, symbol("dm_mod:endio")) {
+            (Some(off), Some(end)) => {
+                (s.bio_bi_end_io, s.dm_io_end) = (off, end);
+                "; dm-io's bios end in endio"
+            }
+            _ => "; dm-io's bios not named (no address for dm_mod's endio)",
+        };
+        Ok(format!("dm_target_io.clone at {clone}, dm_io.orig_bio at {orig}{own}"))
     });
     chains.push(chain("dm_mod", "dm clones to the bio they were made from, from any task", dm));
 
@@ -178,7 +187,6 @@ pub fn resolve_with(
             ))
         })
     };
-    let end_io = vmlinux.member_offset("bio", &["bi_end_io"]).ok();
     let mut md_acct = false;
     let md = load("md_mod").and_then(|md| {
         let end_io = end_io.ok_or_else(|| ChainState::Off("vmlinux BTF has no bio.bi_end_io".into()))?;
@@ -278,6 +286,28 @@ pub fn resolve_with(
         raid5,
     ));
 
+    // dm-bufio, the block cache of targets' metadata (loaded with the thin pool, dm-cache,
+    // dm-verity): its bios are the target's own IO, named by the function they end in.
+    let bufio = match module("dm_bufio").0 {
+        false => Err(ChainState::NotLoaded),
+        true => match (end_io, symbol("dm_bufio:bio_complete")) {
+            (Some(off), Some(end)) => {
+                (s.bio_bi_end_io, s.dm_bufio_end) = (off, end);
+                Ok("its bios end in bio_complete".to_string())
+            }
+            (None, _) => Err(ChainState::Off("vmlinux BTF has no bio.bi_end_io".into())),
+            (_, None) => Err(ChainState::Off(format!(
+                "dm_bufio's bio_complete has no address in {KALLSYMS} (absent, or hidden by \
+                 kernel.kptr_restrict)"
+            ))),
+        },
+    };
+    chains.push(chain(
+        "dm_bufio",
+        "dm-bufio's bios (a thin pool's or dm-cache's metadata) as the target's own IO",
+        bufio,
+    ));
+
     s.links = (kprobes
         || s.dm != 0
         || s.dm_rq_end != 0
@@ -327,7 +357,12 @@ mod tests {
         let mut base = Builder::new();
         let u16t = base.int("short unsigned int", 2);
         let u64t = base.int("long long unsigned int", 8);
-        let bio = base.strukt("bio", 4, 128, &[("bi_next", u64t, 0), ("bi_flags", u16t, 20)]);
+        let bio = base.strukt(
+            "bio",
+            4,
+            128,
+            &[("bi_next", u64t, 0), ("bi_flags", u16t, 20), ("bi_end_io", u64t, 56)],
+        );
         base.strukt("request", 4, 288, &[("q", u64t, 0), ("end_io", u64t, 240), ("end_io_data", u64t, 248)]);
         base.enumeration("", &[("BIO_NO_PAGE_REF", 0), ("BIO_CLONED", 1)]);
         let btf = Btf::parse(&base.build()).unwrap();
@@ -356,9 +391,21 @@ mod tests {
             |m| match m {
                 "dm_mod" => (true, Some(dm.clone())),
                 "dm_crypt" => (true, Some(crypt.clone())),
+                // dm-bufio's own IO needs only its function's address, not its BTF.
+                "dm_bufio" => (true, None),
                 _ => (false, None),
             },
-            |n| (n == "dm_mod:end_clone_request").then_some(0xffff_ffff_c000_1000),
+            |n| match n {
+                "dm_mod:end_clone_request" => Some(0xffff_ffff_c000_1000),
+                "dm_mod:endio" => Some(0xffff_ffff_c000_2000),
+                "dm_bufio:bio_complete" => Some(0xffff_ffff_c000_3000),
+                _ => None,
+            },
+        );
+        assert_eq!(
+            (s.bio_bi_end_io, s.dm_io_end, s.dm_bufio_end),
+            (56, 0xffff_ffff_c000_2000, 0xffff_ffff_c000_3000),
+            "dm's own IO, by the function its bios end in"
         );
         assert_eq!((s.links, s.dm, s.crypt), (1, 1, 1));
         assert_eq!(
@@ -369,7 +416,7 @@ mod tests {
         assert_eq!((s.bio_bi_flags, s.bio_cloned_bit, s.crypt_io_base_bio), (20, 1, 8));
         let dm_chains = chains.iter().filter(|c| c.module.starts_with("dm_"));
         assert!(
-            dm_chains.clone().count() == 3
+            dm_chains.clone().count() == 4
                 && dm_chains.clone().all(|c| matches!(c.state, ChainState::Linked(_)))
         );
         assert!(
@@ -403,6 +450,9 @@ mod tests {
         let rq = describe(&chains[2]);
         assert!(rq.contains("end_clone_request has no address") && rq.contains("multipath"), "{rq}");
         assert_eq!((s.dm_rq_end, s.links), (0, 1), "dm's bio chain still links");
+        assert_eq!((s.dm_io_end, s.dm_bufio_end), (0, 0), "no address, no own IO named");
+        let bufio = describe(chains.iter().find(|c| c.name == "dm_bufio").unwrap());
+        assert!(bufio.contains("bio_complete has no address"), "{bufio}");
     }
 
     #[test]

@@ -391,7 +391,7 @@ mod tests {
             agg.series[&(9, Op::Write)].waits[&(WaitPhase::Submit, Cause::MdSuperblock)],
             WaitSum { waits: 2, ns: 2_400_000 }
         );
-        assert_eq!(expected[&(7, Op::Write)].own, [1, 2, 0, 0, 0]);
+        assert_eq!(expected[&(7, Op::Write)].own, [1, 2, 0, 0, 0, 0, 0]);
         assert_eq!(d.series.into_iter().collect::<BTreeMap<_, _>>(), expected);
         assert_eq!(d.lost, lost);
         // Bytes: 5 series of up to 8 stages in a few hundred bytes, not kilobytes.

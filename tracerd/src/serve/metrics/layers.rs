@@ -69,7 +69,7 @@ pub(super) fn unlinked(out: &mut Vec<Family>, series: &[(&str, Op, &OpStats)]) {
         Kind::Counter,
         "IOs of a device below a traced stacked device that named no upper IO, by kind: the \
          stacked driver's own IO where the kernel says what it is (parity, preread, resync, \
-         superblock), else unstated (metadata, zeroing, or a link the kernel does not state).",
+         superblock, dm_io, dm_bufio), else unstated (a link the kernel does not state).",
     );
     for (device, op, stats) in series.iter().filter(|(_, _, s)| s.unlinked != 0) {
         for (k, &n) in stats.own.iter().enumerate().filter(|(_, n)| **n != 0) {
