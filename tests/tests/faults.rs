@@ -3,10 +3,11 @@
 
 use std::collections::BTreeSet;
 
-use tracer_common::{IoRecord, RequestState, Slot, event, kind};
+use serde_json::Value;
+use tracer_common::{IoRecord, RequestState, SLOT_WAYS, Slot, event, kind, slot_set};
 use tracerd_tests::{
     HANG, LoopDevice, Metrics, Tracerd, Workload, eventually, free_port, http_get, missed_completions,
-    remove_loop_device, require_root,
+    missed_in_text, remove_loop_device, require_root,
 };
 
 /// IDs of loaded programs and maps whose names are tracerd's.
@@ -261,4 +262,70 @@ fn missed_completions_are_evicted_and_counted() {
     assert_eq!(table.get(&(last - 1), 0).unwrap().key, 0, "the vanished device's entry was freed");
     drop(stays);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A completion the kernel skipped while its request was not issued (a requeued request that
+/// a driver fails from `queue_rq`, as NVMe fails over) leaves an open slot with nothing in
+/// flight. Planted at the addresses of a loop device's requests, such slots must not be taken
+/// for the next request at the address: each is counted as a missed completion, and the
+/// request is recorded with its own Q and parent, never the planted ones.
+#[test]
+fn an_unissued_request_left_open_is_not_continued_by_the_next_request_at_its_address() {
+    require_root();
+    const PLANTED_PARENT: u64 = 0xffff_dead_beef_0000;
+    let dev = LoopDevice::new(64);
+    let before = tracerd_objects();
+    let mut snoop = Tracerd::spawn(&["snoop", "--json", "--device", &dev.name]);
+    let mut table = requests_table(&before);
+    let disk = dev_t(&dev.name);
+    let warm = Workload { write: false, count: 256, size: 4096, qd: 8 };
+    warm.run(&dev);
+    // A freed slot keeps its last value: the records name the device's request addresses.
+    let slots: Vec<Slot<RequestState>> = (0..table.len()).map(|i| table.get(&i, 0).unwrap()).collect();
+    let addresses: BTreeSet<u64> = slots
+        .iter()
+        .filter(|s| s.key == 0 && s.value.record.disk == disk && s.value.record.id != 0)
+        .map(|s| s.value.record.id)
+        .collect();
+    assert!(!addresses.is_empty(), "no request of {} in the table after {} reads", dev.name, warm.count);
+    let mut planted = 0;
+    for &rq in &addresses {
+        let set = slot_set(rq, table.len());
+        let Some(way) = (set..set + SLOT_WAYS).find(|&i| table.get(&i, 0).unwrap().key == 0) else {
+            continue;
+        };
+        let mut record = IoRecord {
+            kind: kind::REQUEST,
+            disk,
+            dev: disk,
+            id: rq,
+            parent: PLANTED_PARENT,
+            ..Default::default()
+        };
+        record.ts[event::Q] = 1;
+        record.ts[event::I] = 2;
+        let value = RequestState { record, issued: 0, _pad: [0; 7], ahead: Default::default() };
+        table.set(way, Slot { key: rq, value }, 0).unwrap();
+        planted += 1;
+    }
+    let work = Workload { write: false, count: 2000, size: 4096, qd: 8 };
+    work.run(&dev);
+    assert!(snoop.stop(libc::SIGINT).success(), "snoop failed:\n{}", snoop.stderr_text());
+    let lines: Vec<Value> = snoop.stdout_text().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let planted_hex = format!("{PLANTED_PARENT:#x}");
+    for l in &lines {
+        assert!(
+            l["parent"] != planted_hex.as_str() && l["events_ns"]["q"] != 1,
+            "a request took over the open slot of an earlier one: {l}"
+        );
+    }
+    let missed = missed_in_text(&snoop.stderr_text());
+    assert!(missed >= 1, "none of the {planted} planted addresses was reused: nothing was tested");
+    let issued = warm.count + work.count;
+    assert!(
+        lines.len() as u64 <= issued && lines.len() as u64 + missed >= issued,
+        "{} lines, {missed} missed, {issued} issued",
+        lines.len()
+    );
+    eprintln!("{planted} slots planted at {} request addresses; {missed} counted as missed", addresses.len());
 }

@@ -97,17 +97,26 @@ pub(crate) fn add_in_flight(disk: u32, delta: i32) -> u32 {
     }
 }
 
-/// A request seen again at I or D with its last issue still open (no completion, no requeue):
-/// that completion was missed. Counts it and releases its share of the queue depth; the
-/// caller then starts the request afresh. False for a request in its normal course.
-pub(crate) fn missed_completion(state: *mut RequestState) -> bool {
+/// A request seen again at I or D whose slot holds an earlier request's record: its last
+/// issue still open (no completion, no requeue), or, not issued, its first bio still holding
+/// the Q that a record of this request would have taken. Either way a completion was missed:
+/// counts it and releases the issue's share of the queue depth; the caller then starts the
+/// request afresh. False for a request in its normal course (I then D, requeue then I or D).
+pub(crate) fn missed_completion<M: Mem>(rq: u64, state: *mut RequestState) -> bool {
     // SAFETY: map value pointer from a successful lookup.
     let state = unsafe { &mut *state };
-    if state.issued == 0 {
-        return false;
+    if state.issued != 0 {
+        add_in_flight(state.record.disk, -1);
+        state.issued = 0;
+    } else {
+        // An earlier request's completion skipped while it was not issued (a failover from
+        // `queue_rq` completes a requeued request without D): the address is reused, and the
+        // new request would go on with the old one's Q, G and parent.
+        let bio: u64 = M::read(rq, layout().rq_bio);
+        if bio == 0 || slot_get(&BIOS, limits::BIO_SLOTS, M::key(bio)).is_none() {
+            return false;
+        }
     }
-    add_in_flight(state.record.disk, -1);
-    state.issued = 0;
     count_lost(lost::MISSED_COMPLETION);
     true
 }
@@ -117,7 +126,7 @@ pub(crate) fn on_rq_insert<M: Mem>(rq: u64) {
     let key = M::key(rq);
     let open = slot_get(&REQUESTS, limits::REQUEST_SLOTS, key);
     if let Some(state) = open {
-        if !missed_completion(state) {
+        if !missed_completion::<M>(rq, state) {
             // SAFETY: map value pointer from a successful lookup.
             let state = unsafe { &mut *state };
             state.record.ts[event::I] = now;
@@ -196,7 +205,7 @@ pub(crate) fn on_rq_issue<M: Mem>(rq: u64) {
     let key = M::key(rq);
     let open = slot_get(&REQUESTS, limits::REQUEST_SLOTS, key);
     if let Some(state) = open {
-        if !missed_completion(state) {
+        if !missed_completion::<M>(rq, state) {
             // SAFETY: map value pointer from a successful lookup.
             let state = unsafe { &mut *state };
             state.record.ts[event::D] = now;
