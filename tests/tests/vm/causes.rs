@@ -75,10 +75,34 @@ fn spaced_md_writes_wait_in_md_write_start_for_the_superblock_writes_and_the_con
             "a slow write never waited in md_write_start: {w}"
         );
     }
-    let named = writes.iter().filter(|w| !superblock_waits(w, &safe).is_empty()).count();
+    // Every sleep in md_write_start (a wakeup ended it, not a preemption) was ended by a
+    // superblock write's completion or by md's thread, which wakes the waiters once the writes
+    // are done. A write preempted there while md's thread wrote the superblocks never sleeps
+    // (guide: not covered); how many are depends on the scheduler (9 of 20 on a loaded 6.12
+    // run), so the count only has to show that sleeps were there to check.
+    let mut named = 0;
+    for w in &writes {
+        let sleeps: Vec<&Value> = w["waits"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|x| x["function"] == "md_write_start" && x["waker"]["kind"] != "preempted")
+            .collect();
+        let superblock = superblock_waits(w, &safe).len();
+        let by_md_thread = sleeps
+            .iter()
+            .filter(|x| x["waker"]["kind"] == "task" && x["waker"]["comm"] == "md5_raid1")
+            .count();
+        assert_eq!(
+            superblock + by_md_thread,
+            sleeps.len(),
+            "a sleep in md_write_start ended by neither a superblock write nor md's thread: {w}"
+        );
+        named += (superblock > 0) as usize;
+    }
     assert!(
-        named * 10 >= writes.len() * 6,
-        "only {named} of 20 spaced writes waited for md's superblock writes"
+        named >= 5,
+        "only {named} of 20 spaced writes slept for md's superblock writes: nothing was tested"
     );
 
     let control = json_lines("causes_md_control");
