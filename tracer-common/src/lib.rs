@@ -794,10 +794,9 @@ pub struct KernelLayout {
     pub disk_first_minor: u32,
     /// `struct task_struct.comm`.
     pub task_comm: u32,
-    /// `struct task_struct.pid` (the thread id), `.on_rq` and the CPU it last ran on
+    /// `struct task_struct.pid` (the thread id) and the CPU it last ran on
     /// (`.thread_info.cpu` or `.cpu`); 0 unless causes are on.
     pub task_pid: u32,
-    pub task_on_rq: u32,
     pub task_cpu: u32,
     /// `struct request.start_time_ns` and `.io_start_time_ns`; 0 where BTF lacks them.
     pub rq_start_time_ns: u32,
@@ -839,7 +838,6 @@ impl KernelLayout {
         disk_first_minor: 0,
         task_comm: 0,
         task_pid: 0,
-        task_on_rq: 0,
         task_cpu: 0,
         rq_start_time_ns: 0,
         rq_io_start_time_ns: 0,

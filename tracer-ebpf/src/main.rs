@@ -35,7 +35,7 @@ use crate::{
     kernel::{Direct, Probe, arg},
     qos::{on_qos_enter, on_qos_exit, rq_qos_policy},
     request::{on_rq_complete, on_rq_insert, on_rq_issue, on_rq_requeue},
-    sched::{on_level_enter, on_level_exit, on_sched_switch, on_sched_waking},
+    sched::{on_level_enter, on_level_exit, on_sched_switch, on_sched_wakeup, on_sched_waking},
     stacking::{
         on_bio_remap, on_personality_enter, on_personality_exit, on_queue_rq_enter, on_queue_rq_exit,
         on_rq_remap, on_submit_enter, on_submit_exit,
@@ -122,6 +122,12 @@ pub fn btf_sched_switch(c: BtfTracePointContext) -> i32 {
 #[btf_tracepoint(function = "sched_waking")]
 pub fn btf_sched_waking(c: BtfTracePointContext) -> i32 {
     on_sched_waking(&c, arg::<0>(c.as_ptr()));
+    0
+}
+
+#[btf_tracepoint(function = "sched_wakeup")]
+pub fn btf_sched_wakeup(c: BtfTracePointContext) -> i32 {
+    on_sched_wakeup(arg::<0>(c.as_ptr()));
     0
 }
 

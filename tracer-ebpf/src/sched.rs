@@ -200,8 +200,12 @@ fn start_wait(ctx: &BtfTracePointContext, h: *mut Holder, tid: u32, state: u8, n
         return;
     }
     add_waiting(1);
-    if let Some(w) = WAITERS.get_ptr_mut(&tid) {
-        take_early_wake(tid, w);
+    // A preempted task was not put to sleep: a wakeup kept for it ends no wait of this switch
+    // (sched_wakeup drops it).
+    if state == wait::BLOCKED {
+        if let Some(w) = WAITERS.get_ptr_mut(&tid) {
+            take_early_wake(tid, w);
+        }
     }
 }
 
@@ -256,18 +260,16 @@ fn end_wait(tid: u32) {
 }
 
 /// sched_waking(p): the first wakeup of a waiting task names its waker. A task can be woken
-/// after its dequeue and before its sched_switch (the waker then waits for the switch to end,
-/// after this tracepoint): while it still holds its bio on its CPU, the wakeup is kept for the
-/// wait that switch starts (`EARLY_WAKES`).
+/// before its sched_switch: the scheduler may have begun to put it to sleep (the waker then
+/// waits for the switch to end), or it is still running, and the wakeup ends the sleep before
+/// it begins. Which of the two is decided after this tracepoint, so while the task still holds
+/// its bio on its CPU the wakeup is kept for the wait its switch starts (`EARLY_WAKES`), and
+/// dropped by sched_wakeup if it woke a task that never left ([`on_sched_wakeup`]).
 pub(crate) fn on_sched_waking(ctx: &BtfTracePointContext, task: u64) {
-    let l = layout();
-    let tid: u32 = Direct::read(task, l.task_pid);
+    let tid: u32 = Direct::read(task, layout().task_pid);
     // The holder first, `WAITERS` after: the switch fills them the other way round, so a
     // wakeup that no longer finds the holder finds the wait.
-    let on_rq: u32 = Direct::read(task, l.task_on_rq);
-    if on_rq == 0 {
-        keep_early_wake(ctx, task, tid);
-    }
+    keep_early_wake(ctx, task, tid);
     if waiting() {
         if let Some(w) = WAITERS.get_ptr_mut(&tid) {
             name_waker(ctx, w);
@@ -275,8 +277,20 @@ pub(crate) fn on_sched_waking(ctx: &BtfTracePointContext, task: u64) {
     }
 }
 
-/// Keeps the wakeup of `task` for its wait if it still holds its bio on its CPU: dequeued, not
-/// yet through its sched_switch.
+/// sched_wakeup(p): the task is runnable again. Where the wakeup found it still queued, this
+/// runs before any switch of it, and a wakeup kept for its next wait is not that wait's; where
+/// the task had left (or was leaving) the CPU, this runs after its switch, which took the kept
+/// wakeup already.
+pub(crate) fn on_sched_wakeup(task: u64) {
+    let tid: u32 = Direct::read(task, layout().task_pid);
+    // SAFETY: a presence check on a map value.
+    if unsafe { EARLY_WAKES.get(&tid) }.is_some() {
+        let _ = EARLY_WAKES.remove(&tid);
+    }
+}
+
+/// Keeps the wakeup of `task` for its wait if it still holds its bio on its CPU: not yet through
+/// its sched_switch.
 #[inline(always)]
 fn keep_early_wake(ctx: &BtfTracePointContext, task: u64, tid: u32) {
     let cpu: u32 = Direct::read(task, layout().task_cpu);

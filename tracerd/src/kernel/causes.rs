@@ -27,6 +27,7 @@ pub struct CauseHook {
 pub const CAUSE_HOOKS: &[CauseHook] = &[
     CauseHook { tracepoint: "sched_switch", program: "btf_sched_switch" },
     CauseHook { tracepoint: "sched_waking", program: "btf_sched_waking" },
+    CauseHook { tracepoint: "sched_wakeup", program: "btf_sched_wakeup" },
     // Each exit before its entry: an interrupt in progress while they are attached is then
     // left unseen (its exit finds level 0), never entered without an exit.
     CauseHook { tracepoint: "irq_handler_exit", program: "btf_irq_exit" },
@@ -39,14 +40,13 @@ pub const CAUSE_HOOKS: &[CauseHook] = &[
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TaskLayout {
     pub pid: u32,
-    pub on_rq: u32,
     /// The CPU it last ran on: `thread_info.cpu` (x86 since 5.16) or `cpu`.
     pub cpu: u32,
 }
 
 /// `task_struct`'s offsets, or why causes cannot be recorded on this kernel: the programs need
 /// tp_btf (BTF for aya), `sched_switch` with `prev_state` as its last argument (5.18 and later)
-/// and `sched_waking` with the task first.
+/// and `sched_waking` and `sched_wakeup` with the task first.
 pub fn detect(btf: &Btf, aya_btf: bool) -> Result<TaskLayout, String> {
     if !aya_btf {
         return Err("causes need tp_btf programs, and aya could not read this kernel's BTF".into());
@@ -66,11 +66,14 @@ pub fn detect(btf: &Btf, aya_btf: bool) -> Result<TaskLayout, String> {
     if !task(waking.first()) {
         return Err("causes need the sched_waking tracepoint with the woken task".into());
     }
+    let wakeup = btf.tracepoint_args("sched_wakeup").unwrap_or_default();
+    if !task(wakeup.first()) {
+        return Err("causes need the sched_wakeup tracepoint with the woken task".into());
+    }
     let member = |path: &[&str]| btf.member_offset("task_struct", path);
     let need = |what: &str, e| format!("causes need task_struct.{what}: {e}");
     Ok(TaskLayout {
         pid: member(&["pid"]).map_err(|e| need("pid", e))?,
-        on_rq: member(&["on_rq"]).map_err(|e| need("on_rq", e))?,
         cpu: member(&["thread_info", "cpu"]).or_else(|_| member(&["cpu"])).map_err(|e| need("cpu", e))?,
     })
 }

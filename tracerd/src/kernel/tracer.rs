@@ -213,7 +213,7 @@ impl Tracer {
             false => Err(String::new()),
         };
         if let Ok(task) = causes {
-            (layout.task_pid, layout.task_on_rq, layout.task_cpu) = (task.pid, task.on_rq, task.cpu);
+            (layout.task_pid, layout.task_cpu) = (task.pid, task.cpu);
         }
         let ring_bytes = opts.ring_buffer_bytes.unwrap_or(limits::RINGBUF_BYTES);
         let (op_mask, op_read, op_write) = ops.kernel_numbers();
