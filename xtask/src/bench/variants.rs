@@ -31,8 +31,8 @@ pub(super) enum Variant {
     /// The agent without its Q and G hooks (`skip_hooks`): the A/B of the account of what
     /// tracerd costs above biolatency, which has neither.
     TracerdRunNoQg,
-    /// The agent with the wait hooks (`--causes`): sched_switch, sched_waking and the interrupt
-    /// entry and exit tracepoints on every context switch and interrupt.
+    /// The agent with the wait hooks (`--causes`): sched_switch, sched_waking, sched_wakeup and
+    /// the interrupt entry and exit tracepoints on every context switch, wakeup and interrupt.
     TracerdRunCauses,
     TracerdSnoop,
     TracerdReport,
