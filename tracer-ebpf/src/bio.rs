@@ -4,12 +4,15 @@
 use core::ptr::write_volatile;
 
 use aya_ebpf::helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns};
-use tracer_common::{IoRecord, agg, event, flag, kind, limits, lost};
+use tracer_common::{IoRecord, agg, event, flag, head_key, kind, limits, lost};
 
 use crate::{
     ahead::{counting, getrqs_so_far, number_getrq},
     kernel::{Mem, Probe, bio_cgroup, bio_dev, read_current_comm},
-    maps::{BIOS, EVENTS, LINKS, commit_flags, count_lost, is_traced, layout, settings, stacking, streaming},
+    maps::{
+        BIOS, EVENTS, LINKS, commit_flags, count_lost, is_traced, layout, paths_traced, settings, stacking,
+        streaming,
+    },
     qos::take_qos_wait,
     record::fill_bio_record,
     sched::{note_completing, note_holder},
@@ -61,6 +64,9 @@ pub(crate) fn on_bio_queue<M: Mem>(bio: u64) {
     let dev = bio_dev::<M>(l, bio);
     if !is_traced(dev) {
         return;
+    }
+    if paths_traced() {
+        evict_stale_head(key);
     }
     // Its own slot if H claimed it (or a pointer reused after a missed completion), else a free one.
     let (state, held) = match slot_get(&BIOS, limits::BIO_SLOTS, key) {
@@ -128,6 +134,17 @@ pub(crate) fn on_bio_queue<M: Mem>(bio: u64) {
         } else {
             state.parent = queued_own_kind(s, key);
         }
+    }
+}
+
+/// Q fires once per life of a bio (the kernel marks it until it completes), so a multipath
+/// head's slot still open at this address is an earlier bio's whose completion went unseen.
+/// Left there, this bio's remap to a path would take it for a failover of its own.
+#[inline(always)]
+fn evict_stale_head(bio: u64) {
+    if let Some(stale) = slot_get(&BIOS, limits::BIO_SLOTS, head_key(bio)) {
+        count_lost(lost::MISSED_COMPLETION);
+        slot_free(stale);
     }
 }
 

@@ -14,6 +14,9 @@ fn nvme_controller_resets_under_io_count_each_head_bio_once_and_link_every_path_
     if !ran("nvme_failover") {
         return;
     }
+    // Shown only if the test fails: what snoop counted as lost, and any change of the devices
+    // it traced while the controller reset.
+    println!("snoop's log:\n{}", section("nvme_failover_snoop_log"));
     let setup = section("nvme_failover_setup");
     let field = |k: &str| {
         setup

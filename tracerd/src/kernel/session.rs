@@ -1,7 +1,7 @@
 //! A tracing session: the loaded programs, the device selection, and the ring-buffer reader
 //! that hands each decoded record (with the traced device it counts towards) to a consumer.
 
-use std::time::Duration;
+use std::{collections::HashSet, time::Duration};
 
 use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
@@ -147,7 +147,7 @@ impl Session {
         }
         let topo = Topology::scan()?;
         // IOs still in flight on a device that vanished will never complete here.
-        let gone: std::collections::HashSet<u32> =
+        let gone: HashSet<u32> =
             self.topo.devices().map(|d| d.dev).filter(|dev| topo.get(*dev).is_none()).collect();
         if !gone.is_empty() {
             let n = self.tracer.sweep_devices(&gone)?;
@@ -159,6 +159,16 @@ impl Session {
         match self.selection.resolve(&topo) {
             Ok(resolved) => {
                 if resolved != self.resolved {
+                    let names = |a: &HashSet<u32>, b: &HashSet<u32>| {
+                        let mut v: Vec<String> = a.difference(b).map(|d| topo.name_of(*d)).collect();
+                        v.sort();
+                        v.join(" ")
+                    };
+                    tracing::info!(
+                        "traced devices changed: added [{}], removed [{}]",
+                        names(&resolved.kernel_devs, &self.resolved.kernel_devs),
+                        names(&self.resolved.kernel_devs, &resolved.kernel_devs)
+                    );
                     self.tracer.set_devices(&resolved.kernel_devs, &resolved.paths, &topo)?;
                     self.resolved = resolved;
                     // New devices may come with their modules (md, dm): probe their submit paths

@@ -366,6 +366,10 @@ for d in $paths; do vm_idle $d; done
 diskstats nvme_failover_after "$disks"
 for t in nvme_failover_snoop nvme_failover_report; do trace_stop $t; done
 for t in nvme_failover_iogen nvme_failover_before nvme_failover_after nvme_failover_snoop nvme_failover_report; do emit $t; done
+# snoop's log (lost events, traced devices that changed), for the test's failure messages.
+echo "VM-RESULT-BEGIN nvme_failover_snoop_log"
+tail -n 40 /tmp/nvme_failover_snoop.err
+echo "VM-RESULT-END nvme_failover_snoop_log"
 # Merges on a path: 512 writes in rounds of 32 adjacent ones, each round in one io_submit,
 # all down one path (numa), whose plug merges bios that came from the head.
 echo numa > /sys/class/nvme-subsystem/$subsys/iopolicy
