@@ -1035,12 +1035,29 @@ fn write_stats(dev: &str) -> (u64, u64) {
     (f[0], f[1])
 }
 
+/// Sets a loop device's IO scheduler until dropped, then puts back `none`: a loop device keeps
+/// its queue when detached, and the next test to attach it would run behind the elevator.
+struct Scheduler(String);
+
+impl Scheduler {
+    fn set(dev: &LoopDevice, name: &str) -> Scheduler {
+        let path = format!("/sys/block/{}/queue/scheduler", dev.name);
+        std::fs::write(&path, name).unwrap_or_else(|e| panic!("{path} <- {name}: {e}"));
+        Scheduler(path)
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.0, "none");
+    }
+}
+
 #[test]
 fn requests_an_elevator_merges_as_it_inserts_them_are_each_a_merge_and_nothing_is_lost() {
     require_root();
     let dev = LoopDevice::new(64);
-    let scheduler = format!("/sys/block/{}/queue/scheduler", dev.name);
-    std::fs::write(&scheduler, "mq-deadline").unwrap_or_else(|e| panic!("{scheduler} <- mq-deadline: {e}"));
+    let _scheduler = Scheduler::set(&dev, "mq-deadline");
     let mut snoop = Tracerd::spawn(&["snoop", "--json", "--device", &dev.name]);
     let before = write_stats(&dev.name);
     // Rounds of 16 adjacent 4 KiB writes, each in one io_submit, odd positions first: every write
