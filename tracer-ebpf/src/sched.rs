@@ -283,6 +283,8 @@ pub(crate) fn on_sched_waking(ctx: &BtfTracePointContext, task: u64) {
 /// wakeup already.
 pub(crate) fn on_sched_wakeup(task: u64) {
     let tid: u32 = Direct::read(task, layout().task_pid);
+    // A lookup before the delete: nearly every wakeup has nothing kept, and a hash delete
+    // takes its bucket's lock even for a key that is not there.
     // SAFETY: a presence check on a map value.
     if unsafe { EARLY_WAKES.get(&tid) }.is_some() {
         let _ = EARLY_WAKES.remove(&tid);
