@@ -327,7 +327,10 @@ fn report_capture_and_diff_show_the_tag_waits_that_fewer_tags_add() {
     assert!(wait_of(&default_tags, &dev.name, "q2g", "tag").is_none(), "128 tags: no wait:\n{default_tags}");
     let tag =
         wait_of(&few_tags, &dev.name, "q2g", "tag").unwrap_or_else(|| panic!("no tag waits:\n{few_tags}"));
-    assert!(ns(&tag["waits"]) >= 100, "32 IOs in flight for 4 tags, and only {tag}");
+    // How many of the 1500 find no tag depends on how fast the loop worker drains them (a guest
+    // under qemu: 50 to a few hundred); the exact count is the agent test's. Here the waits
+    // only have to be there in numbers for report, capture and diff to show.
+    assert!(ns(&tag["waits"]) >= 20, "32 IOs in flight for 4 tags, and only {tag}");
 
     // The waits and what none explains add up to the IOs' Q2C time.
     let op = few_tags["devices"][0]["ops"].as_array().unwrap().iter().find(|o| o["op"] == "write").unwrap();

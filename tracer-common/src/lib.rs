@@ -212,10 +212,20 @@ pub mod wait {
     /// Inside a stacked device's submit function, before its lower IO is sent
     /// (`md_write_start`, raid1's `wait_barrier`).
     pub const SUBMIT: u8 = 2;
+    /// A stacked device's lower IO handed to the layer's own thread (md raid1's and raid10's
+    /// `mdX_raidN`): from the submitter's remap of it to that thread's Q of it. The record's
+    /// `tid` is the submitter, `waker_tid` and `waker_comm` the thread.
+    pub const HANDOFF: u8 = 3;
+    /// The layer's thread, from the wakeup a submitter with a lower IO to hand off gave it, until
+    /// it queued a handed-off lower IO: its own waits, with no IO of its own (`bio` 0). The
+    /// daemon puts them inside the hand-off they fall in.
+    pub const THREAD: u8 = 4;
     /// `WaitRecord::state`: the task blocked (asleep until woken).
     pub const BLOCKED: u8 = 1;
     /// The task was preempted: runnable, waiting for a CPU.
     pub const PREEMPTED: u8 = 2;
+    /// Woken at a hand-off ([`THREAD`]): runnable from that wakeup until it ran.
+    pub const WOKEN: u8 = 3;
     /// `WaitRecord::waker`: no wakeup was seen before the task ran again (preempted, or a
     /// wakeup that came before the hooks were attached).
     pub const WAKER_NONE: u8 = 0;
@@ -228,6 +238,15 @@ pub mod wait {
     /// Not woken: it was preempted, and `waker_tid`, `waker_comm` name the task the scheduler
     /// ran in its place.
     pub const WAKER_PREEMPTED: u8 = 4;
+    /// `Holder::flags` and `WaitRecord::flags`.
+    pub mod flag {
+        /// The task is a layer's thread working for a hand-off (`WORKERS`): its sleeps in no
+        /// phase of an IO of its own are [`super::THREAD`] waits.
+        pub const WORKER: u32 = 1;
+        /// The task remapped a lower bio of the bio it holds and has not queued it yet (md raid1
+        /// flushing its plug after `md_submit_bio` returned): still the layer's submission.
+        pub const REMAPPED: u32 = 2;
+    }
     /// Nesting levels whose completions are told apart on a CPU: task, softirq, hardirq.
     pub const LEVELS: u32 = 4;
 }
@@ -250,6 +269,8 @@ pub struct WaitRecord {
     /// its record has as C (the same clock read).
     pub waker_io: u64,
     pub waker_io_done_ns: u64,
+    /// With [`wait::flag::REMAPPED`] in `flags`: the holder's lower bio, given back with them.
+    pub lower: u64,
     pub dev: u32,
     /// `bi_opf` of the held bio.
     pub opf: u32,
@@ -266,7 +287,8 @@ pub struct WaitRecord {
     pub phase: u8,
     pub state: u8,
     pub waker: u8,
-    pub _pad: u8,
+    /// The holder's [`wait::flag`]s at the sleep, given back to it when the task runs again.
+    pub flags: u8,
     pub waker_comm: [u8; 16],
 }
 
@@ -276,9 +298,28 @@ pub struct WaitRecord {
 pub struct Holder {
     pub bio: u64,
     pub queued_ns: u64,
+    /// With [`wait::flag::REMAPPED`]: the lower bio last remapped, whose Q ends the flag's phase.
+    pub lower: u64,
     pub tid: u32,
     pub dev: u32,
     pub opf: u32,
+    /// [`wait::flag`]s of the task's state.
+    pub flags: u32,
+}
+
+/// A lower bio remapped by a task with `causes` on, until its Q (`HANDOFFS`): whether another
+/// task queues it, and for which upper IO.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Handoff {
+    pub remap_ns: u64,
+    /// The upper bio's key and Q stamp, its device and `bi_opf`: the IO the hand-off is part of.
+    pub upper: u64,
+    pub upper_queued_ns: u64,
+    pub upper_dev: u32,
+    pub upper_opf: u32,
+    /// The task that remapped it.
+    pub tid: u32,
     pub _pad: u32,
 }
 
@@ -870,6 +911,10 @@ pub mod limits {
     pub const MAX_WAITERS: u32 = 8_192;
     /// Wakeups that came before their sleeper's sched_switch (`EARLY_WAKES`).
     pub const EARLY_WAKES: u32 = 1_024;
+    /// Lower bios remapped and not yet queued, with `causes` on (`HANDOFFS`).
+    pub const HANDOFFS: u32 = 16_384;
+    /// Layers' threads woken for a hand-off and not yet through it (`WORKERS`).
+    pub const WORKERS: u32 = 256;
     /// Distinct kernel stacks of sleepers and wakers (`STACKS`): about 1 KiB each.
     pub const STACKS: u32 = 2_048;
     /// Ring buffer bytes (a power of two, multiple of the page size).

@@ -15,7 +15,7 @@ use crate::{
     },
     qos::take_qos_wait,
     record::fill_bio_record,
-    sched::{note_completing, note_holder},
+    sched::{note_completing, note_holder, take_remap},
     slots::{copy_comm, copy_words, slot_claim, slot_claim_free, slot_free, slot_get, zero_words},
     stacking::{on_head_complete, queued_clone_upper, queued_own_kind},
 };
@@ -129,6 +129,7 @@ pub(crate) fn on_bio_queue<M: Mem>(bio: u64) {
         if let Some(parent) = unsafe { LINKS.get(&key) }.copied() {
             state.parent = parent;
             let _ = LINKS.remove(&key);
+            take_remap(key, state.queued_ns);
         } else if let Some(parent) = queued_clone_upper(s, key) {
             state.parent = parent;
         } else {

@@ -10,7 +10,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
 };
 use tracer_common::{
-    BioState, CgroupSeriesKey, Completing, DeviceState, Holder, IoRecord, KernelLayout, QosWait,
+    BioState, CgroupSeriesKey, Completing, DeviceState, Handoff, Holder, IoRecord, KernelLayout, QosWait,
     RequestState, SeriesAgg, Settings, Slot, StackLayout, SubmitState, WaitRecord, agg, event, limits, lost,
     wait,
 };
@@ -132,6 +132,23 @@ pub(crate) static WAITERS: HashMap<u32, WaitRecord> = HashMap::with_max_entries(
 #[map]
 pub(crate) static EARLY_WAKES: LruHashMap<u32, WaitRecord> =
     LruHashMap::with_max_entries(limits::EARLY_WAKES, 0);
+
+/// Lower bios remapped by a task and not yet queued (`causes` on): a Q in another task is a
+/// hand-off to the layer's thread. LRU: a lower bio the layer drops without a Q leaves no entry
+/// for good. Key: the lower bio's key.
+#[map]
+pub(crate) static HANDOFFS: LruHashMap<u64, Handoff> = LruHashMap::with_max_entries(limits::HANDOFFS, 0);
+
+/// Per CPU: the task that remapped a lower bio here (`causes` on) and has not since woken a
+/// task or left the CPU. The next task it wakes is the layer's thread it hands the bio to.
+#[map]
+pub(crate) static HANDING: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
+/// Layers' threads woken by a task with a lower bio to hand off, until they queue a handed-off
+/// bio: their sleeps are the hand-off's. Value: when they were woken. Key: thread id. LRU: a
+/// thread that exits while followed (a kworker) leaves no entry for good.
+#[map]
+pub(crate) static WORKERS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(limits::WORKERS, 0);
 
 /// How many entries `WAITERS` holds: wakeups and switches look there only while it is non-zero.
 #[map]

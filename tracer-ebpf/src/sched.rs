@@ -16,13 +16,13 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
     programs::tracing::StackIdContext,
 };
-use tracer_common::{Completing, Holder, WaitRecord, limits, lost, wait};
+use tracer_common::{Completing, Handoff, Holder, WaitRecord, limits, lost, wait};
 
 use crate::{
     kernel::{Direct, Mem, read_current_comm, thread_id},
     maps::{
-        BIOS, COMPLETING, DEVICES, EARLY_WAKES, EVENTS, HOLDER, LEVEL, STACKS, SUBMITTING, WAITERS, WAITING,
-        commit_flags, count_lost, layout, settings,
+        BIOS, COMPLETING, DEVICES, EARLY_WAKES, EVENTS, HANDING, HANDOFFS, HOLDER, LEVEL, STACKS, SUBMITTING,
+        WAITERS, WAITING, WORKERS, commit_flags, count_lost, layout, settings,
     },
     slots::{copy_comm, copy_words, slot_get, zero_words},
 };
@@ -46,15 +46,105 @@ pub(crate) fn note_holder(bio: u64, queued_ns: u64, dev: u32, opf: u32) {
         return;
     }
     if let Some(h) = HOLDER.get_ptr_mut(0) {
+        let tid = thread_id();
         // SAFETY: per-CPU slot, no concurrent writer.
         unsafe {
+            // A layer's thread stays one while it queues its own IO (md's bitmap writes); a new
+            // bio has no lower bio remapped yet.
+            (*h).flags = if (*h).tid == tid { (*h).flags & wait::flag::WORKER } else { 0 };
             (*h).bio = bio;
             (*h).queued_ns = queued_ns;
             (*h).dev = dev;
             (*h).opf = opf;
-            (*h).tid = thread_id();
+            (*h).tid = tid;
         }
     }
+}
+
+/// A stacked device remapped `lower`, a bio it sends for `upper`: noted until the lower bio's Q,
+/// which tells whether the layer handed it to a thread of its own. Only in task context.
+#[inline(always)]
+pub(crate) fn note_remap(lower: u64, upper: u64) {
+    if settings().causes == 0 || level() != 0 {
+        return;
+    }
+    let Some(state) = slot_get(&BIOS, limits::BIO_SLOTS, upper) else { return };
+    // SAFETY: a slot value; a stale read names an IO no record has, and the daemon drops it.
+    let (queued_ns, dev, opf) = unsafe { ((*state).queued_ns, (*state).dev, (*state).opf) };
+    if queued_ns == 0 {
+        return;
+    }
+    let h = Handoff {
+        remap_ns: unsafe { bpf_ktime_get_ns() },
+        upper,
+        upper_queued_ns: queued_ns,
+        upper_dev: dev,
+        upper_opf: opf,
+        tid: thread_id(),
+        _pad: 0,
+    };
+    let _ = HANDOFFS.insert(&lower, &h, 0);
+    if let Some(handing) = HANDING.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot, no concurrent writer.
+        unsafe { *handing = h.tid };
+    }
+    if let Some(holder) = HOLDER.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot, no concurrent writer.
+        unsafe {
+            if (*holder).tid == h.tid && (*holder).bio == upper {
+                (*holder).flags |= wait::flag::REMAPPED;
+                (*holder).lower = lower;
+            }
+        }
+    }
+}
+
+/// Q of `lower` at `queued_ns`, in the current task: if another task remapped it, the layer
+/// handed it to this one (md raid1's thread), and the time between is a wait of the upper IO,
+/// ended by this task. The edge is the same bio pointer in two tasks, not a timing.
+#[inline(always)]
+pub(crate) fn take_remap(lower: u64, queued_ns: u64) {
+    if settings().causes == 0 {
+        return;
+    }
+    // SAFETY: copy out of a map value.
+    let Some(h) = (unsafe { HANDOFFS.get(&lower) }).copied() else { return };
+    let _ = HANDOFFS.remove(&lower);
+    let tid = thread_id();
+    if h.tid == tid || level() != 0 {
+        return;
+    }
+    // Through the hand-off: its next sleeps are its own again.
+    if WORKERS.remove(&tid).is_ok() {
+        if let Some(holder) = HOLDER.get_ptr_mut(0) {
+            // SAFETY: per-CPU slot, no concurrent writer.
+            unsafe { (*holder).flags &= !wait::flag::WORKER };
+        }
+    }
+    let Some(mut entry) = EVENTS.reserve::<WaitRecord>(0) else {
+        count_lost(lost::RINGBUF_FULL);
+        return;
+    };
+    // SAFETY: the reserved entry is ours until submit.
+    unsafe {
+        let rec = entry.as_mut_ptr();
+        zero_words(rec);
+        (*rec).slept_ns = h.remap_ns;
+        (*rec).ran_ns = queued_ns;
+        (*rec).bio = h.upper;
+        (*rec).queued_ns = h.upper_queued_ns;
+        (*rec).dev = h.upper_dev;
+        (*rec).opf = h.upper_opf;
+        (*rec).tid = h.tid;
+        (*rec).phase = wait::HANDOFF;
+        (*rec).state = wait::BLOCKED;
+        (*rec).waker = wait::WAKER_TASK;
+        (*rec).waker_tid = tid;
+        read_current_comm(layout(), &mut (*rec).waker_comm);
+        (*rec).stack = -1;
+        (*rec).waker_stack = -1;
+    }
+    entry.submit(commit_flags());
 }
 
 /// A completion hook: `io` (a request's or bio's key, as its record's `id`) is completing on
@@ -117,6 +207,11 @@ fn add_waiting(delta: i64) {
 pub(crate) fn on_sched_switch(ctx: &BtfTracePointContext, preempt: u64, next: u64, prev_state: u64) {
     // A new task: whatever the old one was completing at task level is not its.
     clear_completing(0);
+    // The task leaving woke no thread for its hand-off before it left: none will be taken for one.
+    if let Some(handing) = HANDING.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot, no concurrent writer.
+        unsafe { *handing = 0 };
+    }
     // No interrupt level schedules: a level still counted here is one whose exit went unseen
     // (the hooks were attached or detached inside it). Without this, Q on this CPU would
     // never note a holder again.
@@ -150,7 +245,11 @@ pub(crate) fn on_sched_switch(ctx: &BtfTracePointContext, preempt: u64, next: u6
 /// The phase the held bio is in, if a sleep now is part of it: before G, and on a bio-based
 /// device only inside its submit function (after it, the task waits for its own IO).
 #[inline(always)]
-fn held_phase(tid: u32, bio: u64, queued_ns: u64, dev: u32) -> Option<u8> {
+fn held_phase(tid: u32, h: &Holder) -> Option<u8> {
+    let (bio, queued_ns, dev, flags) = (h.bio, h.queued_ns, h.dev, h.flags);
+    if bio == 0 {
+        return None;
+    }
     let state = slot_get(&BIOS, limits::BIO_SLOTS, bio)?;
     // SAFETY: a slot value; a stale read only drops or keeps one wait.
     let (q, g) = unsafe { ((*state).queued_ns, (*state).getrq_ns) };
@@ -159,6 +258,14 @@ fn held_phase(tid: u32, bio: u64, queued_ns: u64, dev: u32) -> Option<u8> {
     }
     // SAFETY: copy out of a map value.
     if unsafe { SUBMITTING.get(&tid) }.is_some_and(|s| s.bio == bio) {
+        return Some(wait::SUBMIT);
+    }
+    // Out of the submit function with a lower bio remapped and not yet queued: the layer's
+    // plug callback is sending it (md raid1's bitmap writes first).
+    // (Only while that bio is still to be queued by this task: once another task queued it,
+    // this one waits for its own IO.)
+    // SAFETY: copy out of a map value.
+    if flags & wait::flag::REMAPPED != 0 && unsafe { HANDOFFS.get(&h.lower) }.is_some_and(|r| r.tid == tid) {
         return Some(wait::SUBMIT);
     }
     // SAFETY: copy out of a map value.
@@ -170,19 +277,27 @@ fn held_phase(tid: u32, bio: u64, queued_ns: u64, dev: u32) -> Option<u8> {
 fn start_wait(ctx: &BtfTracePointContext, h: *mut Holder, tid: u32, state: u8, next: u64) {
     // SAFETY: per-CPU slot, no concurrent writer.
     let h = unsafe { &*h };
-    let Some(phase) = held_phase(tid, h.bio, h.queued_ns, h.dev) else { return };
+    let (phase, bio, queued_ns) = match held_phase(tid, h) {
+        Some(phase) => (phase, h.bio, h.queued_ns),
+        None if h.flags & wait::flag::WORKER != 0 && still_worker(tid) => (wait::THREAD, 0, 0),
+        None => return,
+    };
     let Some(rec) = SCRATCH.get_ptr_mut(0) else { return };
     // SAFETY: per-CPU scratch, ours for this program run.
     unsafe {
         zero_words(rec);
         (*rec).slept_ns = bpf_ktime_get_ns();
-        (*rec).bio = h.bio;
-        (*rec).queued_ns = h.queued_ns;
-        (*rec).dev = h.dev;
-        (*rec).opf = h.opf;
+        (*rec).bio = bio;
+        (*rec).queued_ns = queued_ns;
+        if bio != 0 {
+            (*rec).dev = h.dev;
+            (*rec).opf = h.opf;
+        }
         (*rec).tid = tid;
         (*rec).phase = phase;
         (*rec).state = state;
+        (*rec).flags = h.flags as u8;
+        (*rec).lower = h.lower;
         (*rec).stack = stack_id(ctx);
         (*rec).waker_stack = -1;
         if state == wait::PREEMPTED {
@@ -252,6 +367,8 @@ fn end_wait(tid: u32) {
             (*h).dev = (*w).dev;
             (*h).opf = (*w).opf;
             (*h).tid = tid;
+            (*h).flags = (*w).flags as u32;
+            (*h).lower = (*w).lower;
         }
     }
     if WAITERS.remove(&tid).is_ok() {
@@ -270,6 +387,7 @@ pub(crate) fn on_sched_waking(ctx: &BtfTracePointContext, task: u64) {
     // The holder first, `WAITERS` after: the switch fills them the other way round, so a
     // wakeup that no longer finds the holder finds the wait.
     keep_early_wake(ctx, task, tid);
+    mark_worker(ctx, tid);
     if waiting() {
         if let Some(w) = WAITERS.get_ptr_mut(&tid) {
             name_waker(ctx, w);
@@ -289,6 +407,67 @@ pub(crate) fn on_sched_wakeup(task: u64) {
     if unsafe { EARLY_WAKES.get(&tid) }.is_some() {
         let _ = EARLY_WAKES.remove(&tid);
     }
+}
+
+/// How long a layer's thread woken for a hand-off is followed without queuing a handed-off bio:
+/// a task woken by a submitter between its remap and its switch that is not the layer's thread
+/// is let go after this.
+const WORKER_NS: u64 = 1_000_000_000;
+
+/// The wakeup of `tid` by a task that remapped a lower bio on this CPU since it last switched:
+/// the layer's thread it hands the bio to (md's `md_wakeup_thread`, right after the remap or
+/// from the plug flushed as the submitter sleeps). From now until that thread queues a
+/// handed-off bio, its waits are the hand-off's; the first is this one, until it runs.
+#[inline(always)]
+fn mark_worker(ctx: &BtfTracePointContext, tid: u32) {
+    let Some(handing) = HANDING.get_ptr_mut(0) else { return };
+    // SAFETY: per-CPU slot, no concurrent writer.
+    let by = unsafe { *handing };
+    if by == 0 || by != thread_id() || level() != 0 {
+        return;
+    }
+    // SAFETY: as above. One thread per hand-off: the first task it wakes.
+    unsafe { *handing = 0 };
+    let now = unsafe { bpf_ktime_get_ns() };
+    if WORKERS.insert(&tid, &now, 0).is_err() {
+        return;
+    }
+    let Some(rec) = SCRATCH.get_ptr_mut(1) else { return };
+    // SAFETY: per-CPU scratch, ours for this program run.
+    unsafe {
+        zero_words(rec);
+        (*rec).slept_ns = now;
+        (*rec).tid = tid;
+        (*rec).phase = wait::THREAD;
+        (*rec).state = wait::WOKEN;
+        // Given back to its holder slot when it runs: a worker from then on.
+        (*rec).flags = wait::flag::WORKER as u8;
+        (*rec).stack = -1;
+        name_waker(ctx, rec);
+    }
+    // A thread wait it is in (asleep since its last work, before this wakeup) is replaced: its
+    // part in this hand-off starts now. A wait of an IO of its own is not.
+    // SAFETY: copy out of a map value.
+    let was = unsafe { WAITERS.get(&tid) }.map(|w| w.phase);
+    if was.is_some_and(|p| p != wait::THREAD) {
+        return;
+    }
+    // SAFETY: the scratch value, read by the map update.
+    if WAITERS.insert(&tid, unsafe { &*rec }, 0).is_ok() && was.is_none() {
+        add_waiting(1);
+    }
+}
+
+/// Whether `tid` is still a layer's thread working for a hand-off, and not for too long.
+#[inline(always)]
+fn still_worker(tid: u32) -> bool {
+    // SAFETY: copy out of a map value.
+    let Some(since) = (unsafe { WORKERS.get(&tid) }).copied() else { return false };
+    if unsafe { bpf_ktime_get_ns() }.saturating_sub(since) < WORKER_NS {
+        return true;
+    }
+    let _ = WORKERS.remove(&tid);
+    false
 }
 
 /// Keeps the wakeup of `task` for its wait if it still holds its bio on its CPU: not yet through

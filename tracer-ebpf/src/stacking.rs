@@ -16,6 +16,7 @@ use crate::{
         stacking,
     },
     record::fill_bio_record,
+    sched::note_remap,
     slots::{copy_words, slot_claim, slot_claim_free, slot_free, slot_get, zero_words},
 };
 
@@ -418,6 +419,7 @@ pub(crate) fn on_bio_remap(lower: u64, upper_dev: u32) {
     if LINKS.insert(&lower, &upper, 0).is_err() {
         count_lost(lost::LINK_MAP_FULL);
     }
+    note_remap(lower, upper);
 }
 
 /// The request a request-based dm clone was made from, as dm states it: a clone ending in

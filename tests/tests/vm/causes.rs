@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::{json_lines, ran, section};
+use crate::{json_lines, ran, release, section};
 
 #[test]
 fn causes_tests_pass_on_each_kernel() {
@@ -114,6 +114,147 @@ fn spaced_md_writes_wait_in_md_write_start_for_the_superblock_writes_and_the_con
             !waits.iter().any(|x| x["cause"] == "md_superblock"),
             "the control waited for a superblock: {w}"
         );
+    }
+}
+
+/// The member writes of md5's `write` in `records`: linked to it (its id as `parent`) and queued
+/// within its life (ids are addresses, reused from one write to the next).
+fn member_writes<'a>(write: &Value, records: &'a [Value]) -> Vec<&'a Value> {
+    let q = |r: &Value, e: &str| r["events_ns"][e].as_u64().unwrap_or_else(|| panic!("no {e} in {r}"));
+    records
+        .iter()
+        .filter(|r| (r["device"] == "ram27" || r["device"] == "ram28") && r["parent"] == write["id"])
+        .filter(|r| (q(write, "q")..=q(write, "c")).contains(&q(r, "q")))
+        .collect()
+}
+
+/// md5's writes in a section and, for each, how many of its member writes md's thread queued.
+/// Each member write queued by another task than the one that queued the md write was handed
+/// to that thread: the write has exactly one hand-off wait ending at that member's Q and naming
+/// the thread; a write whose members its submitter queued itself has none.
+fn hand_offs_by_write(name: &str) -> Vec<(u64, usize)> {
+    let records = json_lines(name);
+    md5_writes(&records)
+        .into_iter()
+        .map(|w| {
+            let members = member_writes(w, &records);
+            assert_eq!(members.len(), 2, "{name}: a write to md5 not sent to both members: {w}");
+            let hand_offs: Vec<&Value> =
+                w["waits"].as_array().into_iter().flatten().filter(|x| x["phase"] == "handoff").collect();
+            let by_thread: Vec<&&Value> = members.iter().filter(|m| m["pid"] != w["pid"]).collect();
+            for m in &by_thread {
+                assert_eq!(m["comm"], "md5_raid1", "{name}: a member write queued by a third task: {m}");
+                let matching = hand_offs
+                    .iter()
+                    .filter(|h| {
+                        h["cause"] == "layer_thread"
+                            && h["ran_ns"] == m["events_ns"]["q"]
+                            && h["waker"]["kind"] == "task"
+                            && h["waker"]["tid"] == m["pid"]
+                            && h["waker"]["comm"] == "md5_raid1"
+                            && h["tid"] == w["pid"]
+                            && h["slept_ns"].as_u64() >= w["events_ns"]["q"].as_u64()
+                            && h["slept_ns"].as_u64() < h["ran_ns"].as_u64()
+                    })
+                    .count();
+                assert_eq!(matching, 1, "{name}: the hand-off of member write {m} is not named once in {w}");
+            }
+            assert_eq!(hand_offs.len(), by_thread.len(), "{name}: a hand-off no member write shows: {w}");
+            (w["sector"].as_u64().unwrap(), by_thread.len())
+        })
+        .collect()
+}
+
+#[test]
+fn member_writes_md_thread_sends_are_hand_offs_naming_the_thread_and_none_else() {
+    if !ran("causes") {
+        return;
+    }
+    let release = release();
+    // One write at a time without a plug of its own: 6.1 (as packaged) and 6.12 plug every
+    // bio-based submission in __submit_bio, so raid1 sends the member writes from the
+    // submitter's plug; none is handed off, and none may be named so.
+    for name in ["causes_md_safe_mode", "causes_md_control"] {
+        let handed: usize = hand_offs_by_write(name).iter().map(|(_, n)| n).sum();
+        println!("{release} {name}: {handed} of 40 member writes handed to md5_raid1");
+    }
+    // Four writes in one plug, the third asleep in a suspended range: the member writes of the
+    // first two (sectors 0 and 8) were on the plug when it slept, and md's thread sent them.
+    let mut writes = hand_offs_by_write("causes_md_handoff");
+    writes.sort_unstable();
+    assert_eq!(writes, [(0, 2), (8, 2), (16, 0), (24, 0)], "{release}: (sector, member writes handed off)");
+
+    // What the thread did inside each hand-off: its waits, all inside the hand-off and its own.
+    // The submitter woke it as it slept with the member writes on its plug: that wakeup is the
+    // first of them (runnable until it ran, so `cpu`), and it names the submitter.
+    let records = json_lines("causes_md_handoff");
+    let mut woken = 0;
+    for w in md5_writes(&records) {
+        for h in w["waits"].as_array().into_iter().flatten().filter(|x| x["phase"] == "handoff") {
+            let thread = h["thread"].as_array().map(Vec::as_slice).unwrap_or_default();
+            for t in thread {
+                assert_eq!(t["phase"], "thread", "{t}");
+                assert_eq!(t["tid"], h["waker"]["tid"], "a wait of another task than the thread's: {h}");
+                let inside = t["slept_ns"].as_u64() >= h["slept_ns"].as_u64()
+                    && t["ran_ns"].as_u64() <= h["ran_ns"].as_u64();
+                assert!(inside, "a thread wait outside its hand-off: {h}");
+            }
+            let first = thread.first();
+            if first.is_some_and(|t| t["cause"] == "cpu" && t["waker"]["tid"] == w["pid"]) {
+                woken += 1;
+            }
+        }
+    }
+    println!("{release}: {woken} of 4 hand-offs begin with the submitter's wakeup of md5_raid1");
+    assert!(woken >= 2, "{release}: no hand-off shows the submitter waking md's thread");
+}
+
+#[test]
+fn md_bitmap_waits_name_the_task_that_wrote_the_bitmap_and_follow_it() {
+    if !ran("causes") {
+        return;
+    }
+    let release = release();
+    for name in ["causes_md_safe_mode", "causes_md_control"] {
+        let records = json_lines(name);
+        let writes = md5_writes(&records);
+        let mut bitmap = 0;
+        let mut followed = 0;
+        for w in &writes {
+            let waits = w["waits"].as_array().map(Vec::as_slice).unwrap_or_default();
+            let bitmap_waits: Vec<&Value> = waits.iter().filter(|x| x["cause"] == "md_bitmap").collect();
+            bitmap += !bitmap_waits.is_empty() as usize;
+            for x in bitmap_waits {
+                // The submitter, after md_submit_bio returned, in raid1's plug callback: md's
+                // bitmap is written before the member writes are sent.
+                assert_eq!(x["phase"], "submit", "{name}: {x}");
+                let waker = &x["waker"];
+                let comm = waker["comm"].as_str().unwrap_or_default();
+                assert!(
+                    waker["kind"] == "io"
+                        || (waker["kind"] == "task" && (comm.starts_with("kworker") || comm == "md5_raid1")),
+                    "{name}: a bitmap wait ended by neither a bitmap write nor the task that wrote it: {x}"
+                );
+                // The task it waited for was woken by this submitter after its remap: its waits
+                // inside this one come with it, the first being that wakeup.
+                if waker["kind"] == "task" {
+                    let thread = x["thread"].as_array().map(Vec::as_slice).unwrap_or_default();
+                    for t in thread {
+                        assert_eq!(t["tid"], waker["tid"], "{name}: {x}");
+                    }
+                    followed += thread.first().is_some_and(|t| t["waker"]["tid"] == w["pid"]) as usize;
+                }
+            }
+        }
+        println!(
+            "{release} {name}: {bitmap} of 20 writes waited for md's bitmap, {followed} with the task that wrote it followed"
+        );
+        // 6.12 writes the bitmap from an md_bitmap kworker and makes each write's submitter
+        // wait for it in raid1's plug callback, dirty pages or not (docs/guide/causes.md).
+        if release.starts_with("6.12") {
+            assert!(bitmap >= 15, "{release} {name}: only {bitmap} of 20 writes waited for the bitmap");
+            assert!(followed * 2 >= bitmap, "{release} {name}: the kworker followed in only {followed}");
+        }
     }
 }
 

@@ -177,10 +177,11 @@ impl WaitReader {
 
     pub fn read(&mut self, rec: &WaitRecord) -> Option<Wait> {
         let phase = Phase::from_kernel(rec.phase)?;
-        let preempted = rec.state == wait::PREEMPTED;
+        // Woken at a hand-off: runnable from then until it ran, like a preempted task.
+        let preempted = rec.state == wait::PREEMPTED || rec.state == wait::WOKEN;
         let frames = self.frames(rec.stack).to_vec();
         let function = summarise(frames.iter().map(String::as_str)).map(str::to_owned);
-        let cause = cause_of(preempted, function.as_deref());
+        let cause = cause_of(phase, preempted, function.as_deref());
         let waker_function =
             summarise(self.frames(rec.waker_stack).iter().map(String::as_str)).map(str::to_owned);
         let waker = match rec.waker {
@@ -206,6 +207,7 @@ impl WaitReader {
             woken_ns: (rec.woken_ns != 0).then_some(rec.woken_ns),
             ran_ns: rec.ran_ns,
             waker,
+            thread: Vec::new(),
         })
     }
 }

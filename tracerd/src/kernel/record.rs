@@ -32,7 +32,9 @@ pub fn decode_wait(bytes: &[u8]) -> Result<WaitRecord, RecordError> {
     // SAFETY: length checked; WaitRecord is plain old data valid for any bit pattern.
     let rec: WaitRecord = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
     match (rec.phase, rec.state) {
-        (wait::Q2G | wait::SUBMIT, wait::BLOCKED | wait::PREEMPTED) => Ok(rec),
+        (wait::Q2G | wait::SUBMIT, wait::BLOCKED | wait::PREEMPTED)
+        | (wait::HANDOFF, wait::BLOCKED)
+        | (wait::THREAD, wait::BLOCKED | wait::PREEMPTED | wait::WOKEN) => Ok(rec),
         _ => Err(RecordError::Kind(rec.phase)),
     }
 }

@@ -14,7 +14,7 @@ use crate::{
     kernel::tracer::{LoadOptions, ProgramTotals, Tracer},
     kernel::uevents::{Rescan, Uevents},
     model::aggregate::Lost,
-    model::causes::{PendingWaits, Wait, WaitSum, WaitTotals},
+    model::causes::{PendingWaits, Phase as WaitPhase, ThreadWaits, Wait, WaitSum, WaitTotals, Waker},
     model::layers::{LayerSplit, Layers, MAX_LOWERS},
     model::op::OpDecoder,
     model::selection::{Resolved, Selection},
@@ -90,6 +90,8 @@ impl Numbered {
 pub struct Waits {
     reader: WaitReader,
     pending: PendingWaits,
+    /// Layers' threads' waits, until the hand-offs they fall in are read.
+    threads: ThreadWaits,
     /// Waits of traced devices' IOs read since the last `take_waits`.
     fresh: WaitTotals,
 }
@@ -113,6 +115,7 @@ impl Session {
             true => Some(Waits {
                 reader: WaitReader::new(tracer.take_stacks()?),
                 pending: PendingWaits::default(),
+                threads: ThreadWaits::default(),
                 fresh: WaitTotals::default(),
             }),
             false => None,
@@ -295,10 +298,22 @@ impl Reader<'_> {
                 match (record::decode_wait(&item), self.waits.as_deref_mut()) {
                     (Ok(rec), Some(w)) => {
                         newest_ns = newest_ns.max(rec.ran_ns);
-                        if rec.state == tracer_common::wait::BLOCKED && rec.woken_ns == 0 {
+                        // A hand-off ends with a Q, not a wakeup.
+                        if rec.state == tracer_common::wait::BLOCKED
+                            && rec.woken_ns == 0
+                            && rec.phase != tracer_common::wait::HANDOFF
+                        {
                             *self.wakeups_unseen += 1;
                         }
-                        if let Some(wait) = w.reader.read(&rec) {
+                        if let Some(mut wait) = w.reader.read(&rec) {
+                            if wait.phase == WaitPhase::Thread {
+                                w.threads.add(wait);
+                                continue;
+                            }
+                            // A hand-off's thread, or a thread the submitter waited for.
+                            if let Waker::Task { tid, .. } = &wait.waker {
+                                wait.thread = w.threads.within(*tid, wait.slept_ns, wait.ran_ns);
+                            }
                             if let Some(target) = self.resolved.target_of_dev(wait.dev) {
                                 let key = (target, self.ops.op(rec.opf), wait.phase, wait.cause);
                                 w.fresh
@@ -370,6 +385,7 @@ impl Reader<'_> {
             && newest_ns != 0
         {
             w.pending.expire(newest_ns);
+            w.threads.expire(newest_ns);
         }
         n
     }

@@ -21,6 +21,11 @@ pub enum Cause {
     MdBarrier,
     /// A journal commit (jbd2) had to finish first: `jbd2_log_wait_commit`.
     JournalCommit,
+    /// The layer handed the lower IO to its own thread (md raid1's `mdX_raid1`), which sent it:
+    /// the time from the hand-off to that thread's Q of it.
+    LayerThread,
+    /// md wrote its write-intent bitmap before the member writes it covers: `bitmap_unplug`.
+    MdBitmap,
     /// The task was preempted: runnable, waiting for a CPU.
     Cpu,
     /// A sleep whose function is none of the above (its stack is kept whole).
@@ -28,7 +33,9 @@ pub enum Cause {
 }
 
 impl Cause {
-    pub const ALL: [Cause; 8] = [
+    /// Every cause; a cause's place here is its code in the recorder's frames, so a new one
+    /// goes last.
+    pub const ALL: [Cause; 10] = [
         Cause::Tag,
         Cause::QueueFrozen,
         Cause::RqQos,
@@ -37,6 +44,8 @@ impl Cause {
         Cause::JournalCommit,
         Cause::Cpu,
         Cause::Other,
+        Cause::LayerThread,
+        Cause::MdBitmap,
     ];
 
     pub fn name(self) -> &'static str {
@@ -47,6 +56,8 @@ impl Cause {
             Cause::MdSuperblock => "md_superblock",
             Cause::MdBarrier => "md_barrier",
             Cause::JournalCommit => "journal_commit",
+            Cause::LayerThread => "layer_thread",
+            Cause::MdBitmap => "md_bitmap",
             Cause::Cpu => "cpu",
             Cause::Other => "other",
         }
@@ -60,7 +71,16 @@ impl Cause {
             "rq_qos_wait" | "wbt_wait" | "__wbt_wait" | "blkcg_iolatency_throttle" | "ioc_rqos_throttle" => {
                 Cause::RqQos
             }
-            "md_write_start" => Cause::MdSuperblock,
+            "md_write_start" | "md_update_sb" => Cause::MdSuperblock,
+            "bitmap_unplug"
+            | "__bitmap_unplug"
+            | "bitmap_unplug_async"
+            | "md_bitmap_unplug"
+            | "md_bitmap_unplug_async"
+            | "md_bitmap_wait_writes"
+            | "bitmap_wait_writes"
+            | "bitmap_startwrite"
+            | "md_bitmap_startwrite" => Cause::MdBitmap,
             "wait_barrier" | "_wait_barrier" | "wait_read_barrier" => Cause::MdBarrier,
             "jbd2_log_wait_commit" => Cause::JournalCommit,
             _ => Cause::Other,
@@ -76,15 +96,24 @@ pub enum Phase {
     Q2g,
     /// Inside a stacked device's submit function (part of the device's `layer` time).
     Submit,
+    /// After the submit function handed a lower IO to the layer's own thread, until that thread
+    /// queued it (part of the device's `layer` time).
+    Handoff,
+    /// The layer's thread inside a hand-off: its own waits, listed in the hand-off's `thread`
+    /// (never an IO's wait of its own, nor counted in the totals).
+    Thread,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 2] = [Phase::Q2g, Phase::Submit];
+    /// Every phase; a phase's place here is its code in the recorder's frames.
+    pub const ALL: [Phase; 4] = [Phase::Q2g, Phase::Submit, Phase::Handoff, Phase::Thread];
 
     pub fn from_kernel(phase: u8) -> Option<Phase> {
         match phase {
             wait::Q2G => Some(Phase::Q2g),
             wait::SUBMIT => Some(Phase::Submit),
+            wait::HANDOFF => Some(Phase::Handoff),
+            wait::THREAD => Some(Phase::Thread),
             _ => None,
         }
     }
@@ -93,6 +122,8 @@ impl Phase {
         match self {
             Phase::Q2g => "q2g",
             Phase::Submit => "submit",
+            Phase::Handoff => "handoff",
+            Phase::Thread => "thread",
         }
     }
 }
@@ -135,6 +166,10 @@ pub struct Wait {
     pub woken_ns: Option<u64>,
     pub ran_ns: u64,
     pub waker: Waker,
+    /// A hand-off's: the waits of the layer's thread inside it (woken for it, then its own
+    /// sleeps until it queued the lower IO), oldest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub thread: Vec<Wait>,
 }
 
 impl Wait {
@@ -221,6 +256,46 @@ impl PendingWaits {
     }
 }
 
+/// The recent waits of layers' threads ([`Phase::Thread`]), by thread id, until the hand-offs
+/// they fall in are read: a hand-off's record comes when the thread queues the lower IO, after
+/// its waits. One thread sleep can serve several hand-offs (md's thread sends both members of a
+/// write, and the writes of several submitters, in one pass): each gets it.
+#[derive(Default)]
+pub struct ThreadWaits {
+    by_tid: std::collections::HashMap<u32, std::collections::VecDeque<Wait>>,
+}
+
+impl ThreadWaits {
+    /// Waits kept per thread: one hand-off's are a few; more is a thread that sleeps often
+    /// while it works for hand-offs, and its oldest go.
+    const PER_THREAD: usize = 256;
+
+    pub fn add(&mut self, wait: Wait) {
+        let waits = self.by_tid.entry(wait.tid).or_default();
+        if waits.len() == Self::PER_THREAD {
+            waits.pop_front();
+        }
+        waits.push_back(wait);
+    }
+
+    /// The waits of thread `tid` that overlap `from_ns..to_ns`: a hand-off's all lie inside it;
+    /// the thread a submitter waits for was woken (its first wait) before the submitter slept.
+    pub fn within(&self, tid: u32, from_ns: u64, to_ns: u64) -> Vec<Wait> {
+        self.by_tid.get(&tid).map_or_else(Vec::new, |waits| {
+            waits.iter().filter(|w| w.slept_ns < to_ns && w.ran_ns > from_ns).cloned().collect()
+        })
+    }
+
+    /// Drops the waits that ended more than [`PendingWaits::KEEP_NS`] before `now_ns`.
+    pub fn expire(&mut self, now_ns: u64) {
+        let oldest = now_ns.saturating_sub(PendingWaits::KEEP_NS);
+        self.by_tid.retain(|_, waits| {
+            waits.retain(|w| w.ran_ns >= oldest);
+            !waits.is_empty()
+        });
+    }
+}
+
 /// Frames that are the scheduler, a wait primitive or tracerd's own hook: skipped to find the
 /// function that waited. Prefixes of kernel function names.
 const WAIT_PRIMITIVES: &[&str] = &[
@@ -257,6 +332,8 @@ const WAIT_PRIMITIVES: &[&str] = &[
     "rt_spin_lock",
     "percpu_rwsem_wait",
     "__percpu_down",
+    // md's wait for its own metadata writes: the caller says which (superblock or bitmap).
+    "md_super_wait",
     "usleep_range",
     "msleep",
     "do_nanosleep",
@@ -273,8 +350,12 @@ pub fn summarise<'a>(frames: impl IntoIterator<Item = &'a str>) -> Option<&'a st
     frames.into_iter().map(base_name).find(|f| !WAIT_PRIMITIVES.iter().any(|p| f.starts_with(p)))
 }
 
-/// The cause of a wait from its state and its summarised function.
-pub fn cause_of(preempted: bool, function: Option<&str>) -> Cause {
+/// The cause of a wait from its phase, whether it was runnable all along (preempted, or woken
+/// at a hand-off until it ran) and its summarised function.
+pub fn cause_of(phase: Phase, preempted: bool, function: Option<&str>) -> Cause {
+    if phase == Phase::Handoff {
+        return Cause::LayerThread;
+    }
     if preempted {
         return Cause::Cpu;
     }
@@ -303,19 +384,30 @@ mod tests {
         ];
         let f = summarise(frames);
         assert_eq!(f, Some("blk_mq_get_tag"));
-        assert_eq!(cause_of(false, f), Cause::Tag);
-        assert_eq!(cause_of(true, f), Cause::Cpu, "preempted is the CPU, whatever the stack");
+        assert_eq!(cause_of(Phase::Q2g, false, f), Cause::Tag);
+        assert_eq!(cause_of(Phase::Q2g, true, f), Cause::Cpu, "preempted is the CPU, whatever the stack");
     }
 
     #[test]
     fn clone_suffixes_are_dropped_and_unknown_functions_are_other() {
         assert_eq!(summarise(["schedule", "md_write_start.part.0", "md_submit_bio"]), Some("md_write_start"));
-        assert_eq!(cause_of(false, Some("md_write_start")), Cause::MdSuperblock);
+        assert_eq!(cause_of(Phase::Q2g, false, Some("md_write_start")), Cause::MdSuperblock);
         assert_eq!(summarise(["schedule", "_wait_barrier", "wait_barrier"]), Some("_wait_barrier"));
-        assert_eq!(cause_of(false, Some("_wait_barrier")), Cause::MdBarrier);
-        assert_eq!(cause_of(false, Some("folio_wait_bit_common")), Cause::Other);
+        assert_eq!(cause_of(Phase::Q2g, false, Some("_wait_barrier")), Cause::MdBarrier);
+        assert_eq!(cause_of(Phase::Q2g, false, Some("folio_wait_bit_common")), Cause::Other);
+        let bitmap = ["schedule", "md_super_wait", "__bitmap_unplug", "md_bitmap_unplug_fn"];
+        assert_eq!(cause_of(Phase::Thread, false, summarise(bitmap)), Cause::MdBitmap);
+        let superblock = ["schedule", "md_super_wait", "md_update_sb.part.0", "md_check_recovery"];
+        assert_eq!(cause_of(Phase::Thread, false, summarise(superblock)), Cause::MdSuperblock);
         assert_eq!(summarise(["schedule", "io_schedule"]), None, "nothing but primitives");
-        assert_eq!(cause_of(false, None), Cause::Other);
+        assert_eq!(cause_of(Phase::Q2g, false, None), Cause::Other);
+    }
+
+    #[test]
+    fn a_hand_off_is_the_layer_thread_whatever_its_state() {
+        assert_eq!(cause_of(Phase::Handoff, false, None), Cause::LayerThread);
+        assert_eq!(cause_of(Phase::Handoff, true, Some("md_write_start")), Cause::LayerThread);
+        assert_eq!(Phase::from_kernel(wait::HANDOFF), Some(Phase::Handoff));
     }
 
     fn wait(dev: u32, queued_ns: u64) -> Wait {
@@ -331,6 +423,7 @@ mod tests {
             woken_ns: Some(queued_ns + 50),
             ran_ns: queued_ns + 60,
             waker: Waker::Io { disk: dev, id: 0xffff_8880_0000_1000, completed_ns: queued_ns + 49 },
+            thread: Vec::new(),
         }
     }
 
@@ -349,6 +442,28 @@ mod tests {
         assert_eq!(p.len(), 1, "the wait of the IO queued at 1000 expired");
         assert_eq!(p.take(7, 2_000)[0].waited_ns(), 50);
         assert!(p.is_empty());
+    }
+
+    #[test]
+    fn a_threads_waits_go_to_every_wait_they_overlap_and_expire() {
+        let at = |tid, slept_ns, ran_ns| Wait { tid, slept_ns, ran_ns, phase: Phase::Thread, ..wait(0, 0) };
+        let mut t = ThreadWaits::default();
+        t.add(at(5, 100, 150));
+        t.add(at(5, 160, 200));
+        t.add(at(6, 120, 130));
+        assert_eq!(t.within(5, 90, 210).len(), 2);
+        assert_eq!(t.within(5, 90, 210).len(), 2, "shared by every wait they fall in");
+        assert_eq!(t.within(5, 110, 210).len(), 2, "one that began before the wait overlaps it");
+        assert_eq!(t.within(5, 150, 160).len(), 0, "the gap between them overlaps neither");
+        assert_eq!(t.within(5, 201, 300).len(), 0, "nor does a window after both");
+        assert!(t.within(7, 0, u64::MAX).is_empty());
+        for i in 0..300 {
+            t.add(at(8, 1_000 + i, 1_001 + i));
+        }
+        assert_eq!(t.within(8, 0, u64::MAX).len(), ThreadWaits::PER_THREAD, "bounded per thread");
+        t.expire(PendingWaits::KEEP_NS + 175);
+        assert_eq!(t.within(5, 0, u64::MAX).len(), 1, "the wait that ended at 150 expired");
+        assert!(t.within(6, 0, u64::MAX).is_empty());
     }
 
     #[test]

@@ -111,6 +111,10 @@ pub struct WaitLine<'a> {
     /// The sleeper's whole stack, innermost first, where its function names no known cause.
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     pub stack: &'a [String],
+    /// The waits of the task that ended this one, inside it (a hand-off's layer thread, or the
+    /// kworker a submitter waited for): the chain goes on there.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub thread: Vec<WaitLine<'a>>,
 }
 
 /// What ended a wait.
@@ -164,6 +168,7 @@ impl<'a> WaitLine<'a> {
                 Waker::None => WakerLine::None,
             },
             stack: &w.stack,
+            thread: w.thread.iter().map(|t| WaitLine::of(t, topo)).collect(),
         }
     }
 }

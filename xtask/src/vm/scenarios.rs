@@ -478,7 +478,9 @@ echo "VM-RESULT-END cgroups""#;
 /// tracepoints, its tag wait path, loop devices short of tags. Then seed 000's array: md raid1
 /// with an internal bitmap (md5 over ram27, ram28), 20 writes half a second apart, with md's
 /// default safe mode delay (0.2 s: each write finds the array clean and waits for md to mark it
-/// dirty in both superblocks) and with it raised to 60 s (the control). Then who went ahead: a
+/// dirty in both superblocks) and with it raised to 60 s (the control), then four writes in one
+/// plug whose third sleeps in a suspended range (raid1 hands the plugged member writes of the
+/// first two to its thread). Then who went ahead: a
 /// quiet reader and a flood from another cgroup on a null_blk disk behind mq-deadline.
 const CAUSES: &str = r#"ip link set lo up
 mkdir -p /dev/shm && mountpoint -q /dev/shm || mount -t tmpfs tmpfs /dev/shm
@@ -499,7 +501,21 @@ vm_until "md5 never left the clean state" grep -q '^active' /sys/block/md5/md/ar
 trace_start causes_md_control snoop --json --causes --device md5
 spaced_writes
 trace_stop causes_md_control
-for t in causes_md_delay causes_md_safe_mode causes_md_control; do emit $t; done
+# A hand-off to md's thread: raid1 keeps member writes on the submitter's plug and hands them to
+# md5_raid1 when the submitter sleeps with them still there. Four adjacent writes in one
+# io_submit (a plug), the third's sectors suspended: it sleeps in md_handle_request, and the
+# member writes of the first two go to the thread. The range is lifted once those are done.
+echo 24 > /sys/block/md5/md/suspend_hi && echo 17 > /sys/block/md5/md/suspend_lo || vm_fail "md5 suspend range"
+# (RAM disks keep no IO statistics: snoop's lines say when the first two writes completed.)
+md5_done() { [ "$(grep -c '"device":"md5"' /tmp/causes_md_handoff.out)" -ge 2 ]; }
+trace_start causes_md_handoff snoop --json --causes --device md5
+/bin/iogen /dev/md5 write 4 4096 4 merge > /dev/null &
+gen=$!
+vm_until "the writes to md5 before its suspended range never completed" md5_done
+echo 0 > /sys/block/md5/md/suspend_hi && echo 0 > /sys/block/md5/md/suspend_lo || vm_fail "lift md5's suspend range"
+wait $gen || vm_fail "iogen on md5 with a suspended range"
+trace_stop causes_md_handoff
+for t in causes_md_delay causes_md_safe_mode causes_md_control causes_md_handoff; do emit $t; done
 mdadm --stop /dev/md5 || echo "VM-WARNING mdadm --stop /dev/md5 failed"
 # Who went ahead: two cgroups on nullb4 behind mq-deadline (64 driver tags, 50 ms a read, so
 # requests wait in the scheduler): 20 reads one at a time from one alone (the control), then
