@@ -209,8 +209,9 @@ pub mod wait {
     /// `WaitRecord::phase`: the submitter between the bio's Q and its request's G (a tag, a
     /// frozen queue, an rq-qos policy).
     pub const Q2G: u8 = 1;
-    /// Inside a stacked device's submit function, before its lower IO is sent
-    /// (`md_write_start`, raid1's `wait_barrier`).
+    /// A stacked device's submission, from its Q until its submit function returned, and after
+    /// it while a lower bio it remapped is still to be sent by the same task (`md_write_start`,
+    /// raid1's `wait_barrier`, its plug callback).
     pub const SUBMIT: u8 = 2;
     /// A stacked device's lower IO handed to the layer's own thread (md raid1's and raid10's
     /// `mdX_raidN`): from the submitter's remap of it to that thread's Q of it. The record's
@@ -612,6 +613,17 @@ pub struct RequestState {
     pub ahead: AheadRecord,
 }
 
+/// [`DeviceState::bio_based`].
+pub mod bio_based {
+    /// Request-based: a submitter's sleep between Q and G is part of its IO.
+    pub const NO: u32 = 0;
+    /// Bio-based, with no hook on its submit function: no sleep is known to be its IO's.
+    pub const YES: u32 = 1;
+    /// Bio-based with its submit function hooked (md, bio-based dm): a sleep from Q until that
+    /// function returned (its `submit_ns` still 0 outside it) is part of the IO.
+    pub const SUBMIT_HOOKED: u32 = 2;
+}
+
 /// A traced device. Key: kernel `dev_t` of a disk or partition; inserted by the daemon.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -623,8 +635,9 @@ pub struct DeviceState {
     /// 1 for a path disk of NVMe multipath (sysfs `hidden`, below its head): a bio moved here
     /// after its Q is a lower IO of the bio on the head.
     pub path: u32,
-    /// 1 for a bio-based device (no `mq/` in sysfs: md, dm, brd, an NVMe head): its bios get
-    /// no G, so a submitter's sleep counts for one only inside its submit function.
+    /// [`bio_based`]: whether the device is bio-based (no `mq/` in sysfs: md, dm, brd, an NVMe
+    /// head), whose bios get no G, so that a submitter's sleep counts for one only until its
+    /// submit function returned.
     pub bio_based: u32,
     /// The whole disk of a partition (kernel `dev_t`); its own for a disk. A partition's
     /// requests are the disk's: G's are numbered on the disk.

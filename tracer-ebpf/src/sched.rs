@@ -16,7 +16,7 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
     programs::tracing::StackIdContext,
 };
-use tracer_common::{Completing, Handoff, Holder, WaitRecord, limits, lost, wait};
+use tracer_common::{Completing, Handoff, Holder, WaitRecord, bio_based, limits, lost, wait};
 
 use crate::{
     kernel::{Direct, Mem, read_current_comm, thread_id},
@@ -243,7 +243,7 @@ pub(crate) fn on_sched_switch(ctx: &BtfTracePointContext, preempt: u64, next: u6
 }
 
 /// The phase the held bio is in, if a sleep now is part of it: before G, and on a bio-based
-/// device only inside its submit function (after it, the task waits for its own IO).
+/// device only until its submit function returned (after it, the task waits for its own IO).
 #[inline(always)]
 fn held_phase(tid: u32, h: &Holder) -> Option<u8> {
     let (bio, queued_ns, dev, flags) = (h.bio, h.queued_ns, h.dev, h.flags);
@@ -270,7 +270,14 @@ fn held_phase(tid: u32, h: &Holder) -> Option<u8> {
     }
     // SAFETY: copy out of a map value.
     let device = unsafe { DEVICES.get(&dev) }?;
-    (device.bio_based == 0).then_some(wait::Q2G)
+    match device.bio_based {
+        bio_based::NO => Some(wait::Q2G),
+        // Between Q and the submit function's entry (`submit_bio_noacct`, `__submit_bio`): a
+        // preemption there must not lose the holder, or every later wait of the IO is lost.
+        // SAFETY: a slot value, as above.
+        bio_based::SUBMIT_HOOKED if unsafe { (*state).submit_ns } == 0 => Some(wait::SUBMIT),
+        _ => None,
+    }
 }
 
 #[inline(always)]

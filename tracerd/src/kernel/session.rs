@@ -172,11 +172,12 @@ impl Session {
                         names(&resolved.kernel_devs, &self.resolved.kernel_devs),
                         names(&self.resolved.kernel_devs, &resolved.kernel_devs)
                     );
+                    // New devices may come with their modules (md, dm): probe their submit paths
+                    // (before the devices are set, which records whether those are hooked) and
+                    // read their BTF.
+                    self.tracer.retry_kprobes();
                     self.tracer.set_devices(&resolved.kernel_devs, &resolved.paths, &topo)?;
                     self.resolved = resolved;
-                    // New devices may come with their modules (md, dm): probe their submit paths
-                    // and read their BTF.
-                    self.tracer.retry_kprobes();
                     if let Err(e) = self.tracer.retry_chains() {
                         tracing::warn!("{e:#}");
                     }

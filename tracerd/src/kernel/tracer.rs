@@ -13,8 +13,8 @@ use aya::{
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
 };
 use tracer_common::{
-    BioState, CgroupSeriesKey, DeviceState, RequestState, Settings, Slot, StackLayout, agg, limits, lost,
-    names,
+    BioState, CgroupSeriesKey, DeviceState, RequestState, Settings, Slot, StackLayout, agg, bio_based,
+    limits, lost, names,
 };
 
 use crate::{
@@ -30,7 +30,7 @@ use crate::{
     kernel::slot_view::SlotView,
     kernel::stacking::{self, Chain, ChainState},
     model::op::OpDecoder,
-    model::topology::Topology,
+    model::topology::{Device, Topology},
 };
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("TRACERD_EBPF_OBJECT"));
@@ -486,6 +486,17 @@ impl Tracer {
             })
     }
 
+    /// Whether the submit function of bio-based `dev` (md's or dm's) is hooked: only then does
+    /// a sleep between its bio's Q and that function's return count as its submission.
+    fn submit_hooked(hooks: &[HookStatus], dev: &Device) -> bool {
+        let function = match (&dev.md_level, &dev.dm_name) {
+            (Some(_), _) => "md_submit_bio",
+            (None, Some(_)) => "dm_submit_bio",
+            (None, None) => return false,
+        };
+        hooks.iter().any(|h| h.hook == function && h.attached())
+    }
+
     /// Makes the kernel trace exactly `devs` (kernel `dev_t`s), of which `paths` are NVMe
     /// multipath path disks; keeps counters of kept devices. `topo` tells bio-based devices
     /// and each partition's disk.
@@ -509,7 +520,12 @@ impl Tracer {
             let index = self.indices.take(*dev).with_context(full)?;
             let path = paths.contains(dev) as u32;
             let known = topo.get(*dev);
-            let bio_based = known.is_some_and(|d| !d.request_based) as u32;
+            let bio_based = match known {
+                None => bio_based::NO,
+                Some(d) if d.request_based => bio_based::NO,
+                Some(d) if Self::submit_hooked(&self.hooks, d) => bio_based::SUBMIT_HOOKED,
+                Some(_) => bio_based::YES,
+            };
             let disk = known.and_then(|d| topo.by_name(&d.disk)).map_or(*dev, |d| d.dev);
             let state = DeviceState { index, path, bio_based, disk, ..DeviceState::default() };
             map.insert(dev, state, 0).with_context(full)?;

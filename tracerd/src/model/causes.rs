@@ -94,7 +94,8 @@ impl Cause {
 pub enum Phase {
     /// The submitter between Q and G (part of Q2G).
     Q2g,
-    /// Inside a stacked device's submit function (part of the device's `layer` time).
+    /// A stacked device's submission, from Q until its submit function returned (part of the
+    /// device's `layer` time).
     Submit,
     /// After the submit function handed a lower IO to the layer's own thread, until that thread
     /// queued it (part of the device's `layer` time).
