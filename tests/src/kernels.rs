@@ -31,6 +31,7 @@ const SINCE_5_11: &[(&str, usize)] = &[
     ("block_rq_insert", 0),
     ("block_rq_issue", 0),
     ("block_rq_requeue", 0),
+    ("block_rq_merge", 0),
     ("block_rq_complete", 0),
     ("block_bio_remap", 0),
     ("block_rq_remap", 0),

@@ -1020,3 +1020,84 @@ fn kernel_series_are_sized_for_the_devices_traced() {
         assert!(out.contains(&line), "no '{line}' in:\n{out}");
     }
 }
+
+/// Writes completed and writes merged for `dev` in /proc/diskstats.
+fn write_stats(dev: &str) -> (u64, u64) {
+    let stats = std::fs::read_to_string("/proc/diskstats").unwrap();
+    let f: Vec<u64> = stats
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.get(2) == Some(&dev))
+        .unwrap_or_else(|| panic!("{dev} is not in /proc/diskstats"))[7..9]
+        .iter()
+        .map(|v| v.parse().unwrap())
+        .collect();
+    (f[0], f[1])
+}
+
+/// Sets a loop device's IO scheduler until dropped, then puts back `none`: a loop device keeps
+/// its queue when detached, and the next test to attach it would run behind the elevator.
+struct Scheduler(String);
+
+impl Scheduler {
+    fn set(dev: &LoopDevice, name: &str) -> Scheduler {
+        let path = format!("/sys/block/{}/queue/scheduler", dev.name);
+        std::fs::write(&path, name).unwrap_or_else(|e| panic!("{path} <- {name}: {e}"));
+        Scheduler(path)
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.0, "none");
+    }
+}
+
+#[test]
+fn requests_an_elevator_merges_as_it_inserts_them_are_each_a_merge_and_nothing_is_lost() {
+    require_root();
+    let dev = LoopDevice::new(64);
+    let _scheduler = Scheduler::set(&dev, "mq-deadline");
+    let mut snoop = Tracerd::spawn(&["snoop", "--json", "--device", &dev.name]);
+    let before = write_stats(&dev.name);
+    // Rounds of 16 adjacent 4 KiB writes, each in one io_submit, odd positions first: every write
+    // gets a request in the plug, and as the plug is flushed into mq-deadline, each even request
+    // merges into the odd one before it, which then merges into the request before it.
+    let (count, qd) = (512u64, 16u64);
+    let out = std::process::Command::new(tracerd_tests::iogen_bin())
+        .args([&dev.path, "write", &count.to_string(), "4096", &qd.to_string(), "scatter"])
+        .output()
+        .expect("spawn iogen");
+    assert!(out.status.success(), "iogen failed: {}", String::from_utf8_lossy(&out.stderr));
+    let after = write_stats(&dev.name);
+    assert!(snoop.stop(libc::SIGINT).success(), "snoop failed:\n{}", snoop.stderr_text());
+    let (written, merged) = (after.0 - before.0, after.1 - before.1);
+    assert!(merged > 0, "mq-deadline merged none of {count} writes: nothing was tested");
+    let lines: Vec<Value> = snoop.stdout_text().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let kind = |k: &str| lines.iter().filter(|l| l["kind"] == k && l["op"] == "write").count() as u64;
+    let missed = missed_in_text(&snoop.stderr_text());
+    // Each write is one line: a request, or a merge into one; the requests are diskstats'.
+    assert_eq!(
+        (kind("request"), kind("merge"), missed),
+        (written, merged, 0),
+        "(requests, merges, missed) traced vs diskstats' (writes, merged); {count} writes issued:\n{}",
+        snoop.stderr_text()
+    );
+    assert_eq!(written + merged, count, "diskstats: {written} writes + {merged} merged");
+    // A merge record times its bio from Q to the merge. Both kinds are here: a request merged
+    // into the one before it as it is inserted (no I of its own), and, chained from that, an
+    // inserted request merged into the one before it (its I is in the record).
+    let merges: Vec<&Value> = lines.iter().filter(|l| l["kind"] == "merge").collect();
+    for l in &merges {
+        assert!(l["stages_ns"]["q2m"].as_u64().is_some(), "{l}");
+    }
+    let inserted = merges.iter().filter(|l| l["events_ns"]["i"].is_u64()).count();
+    assert!(
+        inserted > 0 && inserted < merges.len(),
+        "{inserted} of {} merged requests had been inserted: both kinds of merge were expected",
+        merges.len()
+    );
+    eprintln!(
+        "{count} writes: {written} requests, {merged} merged by mq-deadline ({inserted} after their I)"
+    );
+}

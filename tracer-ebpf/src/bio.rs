@@ -14,7 +14,7 @@ use crate::{
         streaming,
     },
     qos::take_qos_wait,
-    record::fill_bio_record,
+    record::{fill_bio_record, fill_issue},
     sched::{note_completing, note_holder, take_remap},
     slots::{copy_comm, copy_words, slot_claim, slot_claim_free, slot_free, slot_get, zero_words},
     stacking::{on_head_complete, queued_clone_upper, queued_own_kind},
@@ -188,6 +188,12 @@ pub(crate) fn on_split<M: Mem>(bio: u64) {
 }
 
 pub(crate) fn on_bio_merge<M: Mem>(bio: u64) {
+    merge_bio::<M>(bio, 0);
+}
+
+/// `bio`'s record as a merge, from its slot, which it frees: sized and placed as the bio, or, for
+/// a request `rq` (non-zero) that merged whole before its I, as that request.
+pub(crate) fn merge_bio<M: Mem>(bio: u64, rq: u64) {
     let Some(state) = slot_get(&BIOS, limits::BIO_SLOTS, M::key(bio)) else {
         return;
     };
@@ -208,9 +214,13 @@ pub(crate) fn on_bio_merge<M: Mem>(bio: u64) {
         rec.parent = state.parent;
         rec.flags = state.flags;
         rec.dev = state.dev;
-        rec.cmd_flags = M::read(bio, l.bio_bi_opf);
-        rec.bytes = M::read(bio, l.bio_bi_size);
-        rec.sector = M::read(bio, l.bio_bi_sector);
+        if rq == 0 {
+            rec.cmd_flags = M::read(bio, l.bio_bi_opf);
+            rec.bytes = M::read(bio, l.bio_bi_size);
+            rec.sector = M::read(bio, l.bio_bi_sector);
+        } else {
+            fill_issue::<M>(l, rq, rec);
+        }
         rec.pid = state.pid;
         rec.cgroup = state.cgroup;
         copy_comm(&mut rec.comm, &state.comm);

@@ -34,7 +34,7 @@ use crate::{
     bio::{on_bio_complete, on_bio_merge, on_bio_queue, on_getrq, on_split, on_throttle},
     kernel::{Direct, Probe, arg},
     qos::{on_qos_enter, on_qos_exit, rq_qos_policy},
-    request::{on_rq_complete, on_rq_insert, on_rq_issue, on_rq_requeue},
+    request::{on_rq_complete, on_rq_insert, on_rq_issue, on_rq_merge, on_rq_requeue},
     sched::{on_level_enter, on_level_exit, on_sched_switch, on_sched_wakeup, on_sched_waking},
     stacking::{
         on_bio_remap, on_personality_enter, on_personality_exit, on_queue_rq_enter, on_queue_rq_exit,
@@ -82,6 +82,9 @@ hook!("block_rq_issue", btf_rq_issue_a0, raw_rq_issue_a0, 0, |c| on_rq_issue::<M
 hook!("block_rq_issue", btf_rq_issue_a1, raw_rq_issue_a1, 1, |c| on_rq_issue::<M>(arg::<1>(c)));
 hook!("block_rq_requeue", btf_rq_requeue_a0, raw_rq_requeue_a0, 0, |c| on_rq_requeue(arg::<0>(c)));
 hook!("block_rq_requeue", btf_rq_requeue_a1, raw_rq_requeue_a1, 1, |c| on_rq_requeue(arg::<1>(c)));
+// (request *) since 5.11; (request_queue *, request *) in 5.9 and 5.10.
+hook!("block_rq_merge", btf_rq_merge_a0, raw_rq_merge_a0, 0, |c| on_rq_merge::<M>(arg::<0>(c)));
+hook!("block_rq_merge", btf_rq_merge_a1, raw_rq_merge_a1, 1, |c| on_rq_merge::<M>(arg::<1>(c)));
 // (rq, error, nr_bytes) on every kernel tracerd supports.
 hook!("block_rq_complete", btf_rq_complete_a0, raw_rq_complete_a0, 0, |c| on_rq_complete::<M>(
     arg::<0>(c),

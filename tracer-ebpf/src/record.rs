@@ -1,9 +1,19 @@
-//! A bio's ring-buffer record, filled from its slot: shared by the bio path's own completions
-//! and by stacked devices' completions of a head bio.
+//! Filling ring-buffer records: a bio's from its slot (the bio path's own completions and
+//! stacked devices' completions of a head bio), and a request's size, position and op.
 
-use tracer_common::{BioState, IoRecord, event, kind};
+use tracer_common::{BioState, IoRecord, KernelLayout, event, kind};
 
-use crate::slots::{copy_comm, zero_words};
+use crate::{
+    kernel::Mem,
+    slots::{copy_comm, zero_words},
+};
+
+/// A request's size, position and op as they are now: as issued at D, or as it merged.
+pub(crate) fn fill_issue<M: Mem>(l: &KernelLayout, rq: u64, rec: &mut IoRecord) {
+    rec.cmd_flags = M::read(rq, l.rq_cmd_flags);
+    rec.bytes = M::read(rq, l.rq_data_len);
+    rec.sector = M::read(rq, l.rq_sector);
+}
 
 /// The record of bio `id` completed at `completed`, from its slot `b` (error left 0).
 #[inline(always)]

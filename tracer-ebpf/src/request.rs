@@ -12,11 +12,13 @@ use tracer_common::{
 use crate::{
     aggregate::aggregate,
     ahead::{counting, issues_so_far, number_issue},
+    bio::merge_bio,
     kernel::{Mem, Probe, rq_disk, scalar},
     maps::{
         BIOS, DEVICES, EVENTS, LINKS, REQUESTS, commit_flags, count_lost, is_traced, layout, settings, slow,
         stacking, streaming,
     },
+    record::fill_issue,
     sched::note_completing,
     slots::{copy_comm, copy_words, slot_claim_free, slot_free, slot_get, zero_words},
     stacking::on_path_done,
@@ -192,13 +194,6 @@ fn note_issue(state: &mut RequestState, disk: *mut DeviceState) {
     }
 }
 
-/// The request goes to the driver: the size, position and op it is issued with.
-pub(crate) fn fill_issue<M: Mem>(l: &KernelLayout, rq: u64, rec: &mut IoRecord) {
-    rec.cmd_flags = M::read(rq, l.rq_cmd_flags);
-    rec.bytes = M::read(rq, l.rq_data_len);
-    rec.sector = M::read(rq, l.rq_sector);
-}
-
 pub(crate) fn on_rq_issue<M: Mem>(rq: u64) {
     let now = unsafe { bpf_ktime_get_ns() };
     let l = layout();
@@ -243,6 +238,57 @@ pub(crate) fn on_rq_issue<M: Mem>(rq: u64) {
         note_issue(state, dev);
         state.issued = 1;
     }
+}
+
+/// block_rq_merge(next): an elevator joined request `next` to a neighbour, which took its bios
+/// and will complete them; `next` is freed with no completion. It goes out as a merge record
+/// with its size and position, and the Q of the bio that allocated it: from `next`'s slot where
+/// it was inserted (merged after a bio or request filled the gap before it), else from that
+/// bio's own slot (merged as it was being inserted, before its I). Bios merged into `next`
+/// earlier went out at their own merge.
+pub(crate) fn on_rq_merge<M: Mem>(next: u64) {
+    let l = layout();
+    let first: u64 = M::read(next, l.rq_bio);
+    let Some(state) = slot_get(&REQUESTS, limits::REQUEST_SLOTS, M::key(next)) else {
+        // The bio holding Q: the first, or the one after bios merged in front of it.
+        let mut bio = first;
+        for _ in 0..FRONT_MERGES_FOLLOWED {
+            if bio == 0 {
+                return;
+            }
+            if slot_get(&BIOS, limits::BIO_SLOTS, M::key(bio)).is_some() {
+                merge_bio::<M>(bio, next);
+                return;
+            }
+            bio = M::read(bio, l.bio_bi_next);
+        }
+        return;
+    };
+    // SAFETY: our slot's value until freed below.
+    let s = unsafe { &mut *state };
+    if s.issued != 0 {
+        // Never for a request the driver has (the elevator merges only queued ones).
+        add_in_flight(s.record.disk, -1);
+    }
+    let Some(mut entry) = EVENTS.reserve::<IoRecord>(0) else {
+        slot_free(state);
+        count_lost(lost::RINGBUF_FULL);
+        return;
+    };
+    // SAFETY: the reserved entry is ours until submit.
+    unsafe {
+        let rec = entry.as_mut_ptr();
+        copy_words(rec, &raw const s.record);
+        let rec = &mut *rec;
+        rec.kind = kind::MERGE;
+        rec.ts[event::M] = bpf_ktime_get_ns();
+        rec.queue_depth = 0;
+        rec.disk = 0;
+        // Its size and position as it merged (the neighbour takes them after this tracepoint).
+        fill_issue::<M>(l, next, rec);
+    }
+    slot_free(state);
+    entry.submit(commit_flags());
 }
 
 pub(crate) fn on_rq_requeue(rq: u64) {

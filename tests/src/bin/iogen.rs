@@ -4,7 +4,7 @@
 //! in its own slot with a gap after it, so no two IOs are adjacent and the block layer cannot
 //! merge them: the number of requests the device sees equals the number issued.
 //!
-//! iogen DEVICE read|write COUNT SIZE QD [batch|seq|merge]
+//! iogen DEVICE read|write COUNT SIZE QD [batch|seq|merge|scatter|hold]
 //!   -> prints {"op":..,"count":..,"bytes":..,"io_ns":..} on success: `io_ns` sums each IO's
 //!      time from just before its io_submit to its reaping by io_getevents
 //!
@@ -15,6 +15,9 @@
 //! raid5 then writes several of them with one member write). With `merge`, the opposite of
 //! the default: rounds of QD adjacent IOs (the device's start onwards, without gaps), each
 //! round in one io_submit call, whose plug lets the block layer merge them into fewer requests.
+//! With `scatter`, rounds of adjacent IOs as with `merge`, submitted odd positions first, then
+//! even ones: no IO follows its neighbour into the plug (which merges a bio only into the last
+//! request), so each gets a request, and an elevator merges those requests as it inserts them.
 
 use std::{
     alloc::{Layout, alloc_zeroed},
@@ -65,14 +68,16 @@ fn check(ret: libc::c_long, what: &str) -> libc::c_long {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.len() != 6 && !(args.len() == 7 && matches!(args[6].as_str(), "batch" | "seq" | "merge" | "hold"))
+    if args.len() != 6
+        && !(args.len() == 7 && matches!(args[6].as_str(), "batch" | "seq" | "merge" | "scatter" | "hold"))
     {
-        die("usage: iogen DEVICE read|write COUNT SIZE QD [batch|seq|merge|hold]");
+        die("usage: iogen DEVICE read|write COUNT SIZE QD [batch|seq|merge|scatter|hold]");
     }
     // hold: after the IOs and the summary line, wait for stdin to close, so that the process
     // (its /proc entry, which names an IO's submitter) outlives its IOs.
     let hold = args.len() == 7 && args[6] == "hold";
-    let merge = args.len() == 7 && args[6] == "merge";
+    let scatter = args.len() == 7 && args[6] == "scatter";
+    let merge = scatter || args.len() == 7 && args[6] == "merge";
     let batch = merge || args.len() == 7 && args[6] == "batch";
     let seq = args.len() == 7 && args[6] == "seq";
     let write = match args[2].as_str() {
@@ -148,7 +153,10 @@ fn main() {
     // A round of `n` IOs from IO number `from`: in one call with `merge`, else one by one.
     let round = |n: u64, from: u64, iocbs: &mut [Iocb]| {
         if merge {
-            (0..n).for_each(|slot| prepare(slot as usize, from + slot, iocbs));
+            // The round's positions in submission order: in order, or odd ones, then even ones.
+            let order: Vec<u64> =
+                if scatter { (1..n).step_by(2).chain((0..n).step_by(2)).collect() } else { (0..n).collect() };
+            order.iter().enumerate().for_each(|(slot, &i)| prepare(slot, from + i, iocbs));
             send(0, n as usize, iocbs);
         } else {
             (0..n).for_each(|slot| submit(slot as usize, from + slot, iocbs));

@@ -67,6 +67,14 @@ pub const HOOKS: &[Hook] = &[
         variants: &[0, 1],
         required: false,
     },
+    // A request joined to another in the elevator: its first bio's record goes out as a merge.
+    Hook {
+        tracepoint: "block_rq_merge",
+        stem: "rq_merge",
+        pointer: "request",
+        variants: &[0, 1],
+        required: false,
+    },
     Hook {
         tracepoint: "block_rq_complete",
         stem: "rq_complete",

@@ -24,6 +24,11 @@ fn without(tracepoint: &str) -> &'static str {
         "block_rq_requeue" => {
             "a requeued request's next issue counts as missed_completion instead of being timed"
         }
+        "block_rq_merge" => {
+            "a request an elevator merges into another is not counted (tracerd_io_merged_bios_total, \
+             q2m): its slot counts as missed_completion when its address is reused, and its bio's \
+             as stale_bio if it merged before its insert"
+        }
         "block_bio_remap" => "no per-layer split of md/dm IO (tracerd_io_layer_seconds)",
         "block_rq_remap" => "no per-layer split of request-based dm (multipath)",
         "block_bio_complete" => "bio-based devices (md, dm, brd) never complete: no q2c, no per-layer split",
